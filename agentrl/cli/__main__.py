@@ -1,0 +1,1 @@
+from agentrl.cli import main; import sys; sys.exit(main())

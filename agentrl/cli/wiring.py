@@ -1,0 +1,206 @@
+"""Wiring: build env, engine, sandbox pool, renderer, scheduler and store from a config, and run them.
+
+The only module that knows every concrete component. Each command is one async function.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+import agentrl
+from agentrl.cli.display import ProgressDisplay, summary_table
+from agentrl.config import RolloutConfig
+from agentrl.envs import Env, Task, get_env
+from agentrl.errors import ConfigError
+from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
+from agentrl.sandbox.base import SandboxSpec
+from agentrl.store import TrajectoryStore, read_trajectories, summarize
+from agentrl.types import TestReport
+
+log = logging.getLogger("agentrl")
+
+
+def select_tasks(env: Env, n: int | None, ids: list[str]) -> list[Task]:
+    tasks = list(env.tasks())
+    if ids:
+        by_id = {t.id: t for t in tasks}
+        missing = [i for i in ids if i not in by_id]
+        if missing:
+            raise ConfigError(f"task_ids: {missing} not in env {env.name!r} (first ids: {list(by_id)[:5]})")
+        tasks = [by_id[i] for i in ids]
+    return tasks[:n] if n is not None else tasks
+
+
+def make_pool(backend: str, spec: SandboxSpec, *, warm: int, max_sandboxes: int, run_id: str,
+              unsafe_no_isolation: bool = False, **backend_options: Any) -> Any:
+    from agentrl.sandbox import SandboxPool
+
+    return SandboxPool(backend=backend, spec=spec, warm=warm, max_sandboxes=max_sandboxes, run_id=run_id,
+                       unsafe_no_isolation=unsafe_no_isolation, **backend_options)
+
+
+def _backend_options(cfg: RolloutConfig) -> tuple[str, dict[str, Any]]:
+    b = cfg.sandbox.backend
+    if b.type == "local":
+        return "local", {"unsafe_no_isolation": b.unsafe_no_isolation}
+    return b.type, {}
+
+
+def make_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path]:
+    import torch
+    from transformers import AutoTokenizer
+
+    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.models import resolve_model
+
+    path = resolve_model(cfg.engine.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)  # always from the checkpoint being run
+    dtype = torch.float32 if cfg.engine.dtype == "float32" else torch.bfloat16
+    engine = LocalEngine(path, max_batch_size=cfg.engine.max_batch_size, dtype=dtype, seed=cfg.seed)
+    return engine, tokenizer, path
+
+
+def _renderer(env: Env, tokenizer: Any) -> Any:
+    from agentrl.tools.render import ChatRenderer
+
+    template = getattr(tokenizer, "chat_template", None) or ""
+    wants_tools = env.action_format == "hermes" and "tools" in template
+    return ChatRenderer(tokenizer, env.tools if wants_tools else None)
+
+
+def _config_hash(cfg: RolloutConfig) -> str:
+    return hashlib.sha256(cfg.model_dump_json().encode()).hexdigest()[:16]
+
+
+async def run_rollout(cfg: RolloutConfig) -> int:
+    console = Console(stderr=True)
+    random.seed(cfg.seed)
+    env = get_env(cfg.env, **cfg.env_options)
+    tasks = select_tasks(env, cfg.tasks, cfg.task_ids)
+    store = TrajectoryStore(cfg.out, resume=cfg.resume)  # refuses to clobber an existing file before any work
+    with store:
+        previous = store.completed()
+        finished = {t.task_id for t in previous}
+        todo = [t for t in tasks if t.id not in finished]
+        if store.repaired_bytes:
+            console.print(f"resume: dropped a torn last group ({store.repaired_bytes} bytes) from {cfg.out}")
+        if cfg.resume:
+            console.print(f"resume: {len(finished)} tasks already complete in {cfg.out}, {len(todo)} to run")
+        t0 = time.perf_counter()
+        engine, tokenizer, model_path = make_engine_and_tokenizer(cfg)
+        try:
+            summary = await _run_groups(cfg, env, todo, engine, tokenizer, model_path, store, console)
+        finally:
+            await engine.close()
+        all_trajs = read_trajectories(cfg.out)
+        summary = summarize(all_trajs, wall_s=time.perf_counter() - t0)
+    console.print(summary_table(summary))
+    if cfg.summary_json:
+        cfg.summary_json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: Any, tokenizer: Any,
+                      model_path: Path, store: TrajectoryStore, console: Console) -> None:
+    context_window = cfg.budgets.context_window or engine.context_window
+    sampling = cfg.sampling.model_copy(update={
+        "seed": cfg.sampling.seed if cfg.sampling.seed is not None else cfg.seed,
+        "stop_token_ids": cfg.sampling.stop_token_ids or list(engine.eos_token_ids)})
+    budgets = Budgets(max_turns=cfg.budgets.max_turns, max_completion_tokens=cfg.budgets.max_completion_tokens,
+                      context_window=context_window, tool_timeout_s=cfg.budgets.tool_timeout_s)
+    rollout = Rollout(env=env, engine=engine, renderer=_renderer(env, tokenizer), sampling=sampling, budgets=budgets)
+    meta = {"model": str(model_path), "engine": engine.info(), "sampling": sampling.model_dump(),
+            "config_hash": _config_hash(cfg), "seed": cfg.seed, "agentrl_version": agentrl.__version__}
+    spec = cfg.sandbox.spec.model_copy(update={"default_timeout_s": cfg.budgets.tool_timeout_s})
+    backend, options = _backend_options(cfg)
+    pool = make_pool(backend, spec, warm=cfg.sandbox.warm, max_sandboxes=cfg.sandbox.max_sandboxes,
+                     run_id=uuid.uuid4().hex[:12], **options)
+    sched = Scheduler(rollout, pool, SchedulerConfig(
+        group_size=cfg.group_size, max_trajectories=cfg.max_trajectories,
+        trajectory_timeout_s=cfg.budgets.trajectory_timeout_s, infra_retries=cfg.infra_retries), meta=meta)
+    console.print(f"rollout: env {env.name}, {len(todo)} tasks x {cfg.group_size} samples, model {model_path.name}, "
+                  f"sandbox {backend}, out {cfg.out}")
+    async with pool:
+        with ProgressDisplay(sched.progress, console) as display:
+            sched._on_trajectory = lambda _t: display.tick()
+            async for group in sched.run(todo):
+                store.append_group(group)
+
+
+# -- envs check -------------------------------------------------------------------------------------------------
+
+def _load_solutions(path: Path) -> dict[str, str]:
+    if not path.exists():
+        raise ConfigError(f"--solutions {str(path)!r} does not exist")
+    out: dict[str, str] = {}
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            out[str(row["task_id"])] = str(row["solution"])
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ConfigError(f'{path}:{lineno}: expected {{"task_id": ..., "solution": "<python source>"}} ({exc})')
+    return out
+
+
+async def check_env(name: str, *, solutions: Path | None, backend: str, json_out: Path | None,
+                    options: dict[str, Any], tasks: int | None, concurrency: int,
+                    unsafe_no_isolation: bool = False) -> int:
+    import asyncio
+
+    env = get_env(name, **options)
+    todo = select_tasks(env, tasks, [])
+    given = _load_solutions(solutions) if solutions else None
+    pool = make_pool(backend, env.sandbox_spec, warm=min(concurrency, 4), max_sandboxes=concurrency,
+                     run_id=uuid.uuid4().hex[:12], unsafe_no_isolation=unsafe_no_isolation)
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(task: Task) -> tuple[Task, TestReport]:
+        solution = given.get(task.id) if given is not None else env.reference_solution(task)
+        if solution is None:
+            return task, TestReport(passed=0, total=0, error="no solution given")
+        async with sem, pool.lease() as sb:
+            return task, await env.score_solution(sb, task, solution)
+
+    results: list[tuple[Task, TestReport]] = []
+    async with pool:
+        for fut in asyncio.as_completed([one(t) for t in todo]):
+            task, report = await fut
+            results.append((task, report))
+            mark = "ok " if report.total and report.passed == report.total else "FAIL"
+            print(f"{mark} {task.id:40s} {report.passed}/{report.total}" + (f"  ({report.error})" if report.error else ""))
+            sys.stdout.flush()
+    order = {t.id: i for i, t in enumerate(todo)}
+    results.sort(key=lambda r: order[r[0].id])
+    full = sum(1 for _, r in results if r.total and r.passed == r.total)
+    print(f"total: {full}/{len(results)} tasks pass all tests; "
+          f"{sum(r.passed for _, r in results)}/{sum(r.total for _, r in results)} tests passed")
+    if json_out:
+        json_out.write_text(json.dumps([{"task_id": t.id, "passed": r.passed, "total": r.total, "error": r.error,
+                                         "outcomes": [o.model_dump() for o in r.outcomes]} for t, r in results],
+                                       indent=1))
+    return 0 if given is not None or full == len(results) else 1
+
+
+async def sandbox_gc(backend: str, *, all_runs: bool) -> int:
+    from agentrl.sandbox.pool import make_backend
+
+    b = make_backend(backend)
+    try:
+        n = await b.sweep(all_runs=all_runs)
+    finally:
+        await b.close()
+    print(f"removed {n} {backend} sandboxes")
+    return 0
+

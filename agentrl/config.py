@@ -1,0 +1,122 @@
+"""Configuration: one pydantic model per component, composed into `RolloutConfig`. YAML file + CLI overrides.
+
+Every model forbids unknown keys; a validation error is turned into a `ConfigError` that names the field, the
+file it came from, and what is expected. Configs are frozen after validation (never mutated).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agentrl.errors import ConfigError
+from agentrl.sandbox.base import SandboxSpec
+from agentrl.types import SamplingParams
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LocalEngineConfig(_Config):
+    type: Literal["local"] = "local"
+    model: str | None = None  # None: the embedded SmolLM2-135M-Instruct
+    max_batch_size: int = Field(default=16, ge=1)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+EngineConfig = Annotated[LocalEngineConfig, Field(discriminator="type")]
+
+
+class LocalSandboxConfig(_Config):
+    type: Literal["local"] = "local"
+    unsafe_no_isolation: bool = False  # run without bubblewrap: only for machines that cannot install it
+
+
+class DockerSandboxConfig(_Config):
+    type: Literal["docker"] = "docker"
+    docker_host: str | None = None  # default: the environment's DOCKER_HOST / the local socket
+
+
+SandboxBackendConfig = Annotated[LocalSandboxConfig | DockerSandboxConfig, Field(discriminator="type")]
+
+
+class SandboxConfig(_Config):
+    backend: SandboxBackendConfig = Field(default_factory=LocalSandboxConfig)
+    spec: SandboxSpec = Field(default_factory=SandboxSpec)
+    warm: int = Field(default=4, ge=0)
+    max_sandboxes: int = Field(default=16, ge=1)
+
+
+class BudgetConfig(_Config):
+    max_turns: int = Field(default=4, ge=1)
+    max_completion_tokens: int = Field(default=2048, ge=16)
+    context_window: int | None = Field(default=None, ge=64)  # None: the engine's
+    tool_timeout_s: float = Field(default=10.0, gt=0)
+    trajectory_timeout_s: float = Field(default=600.0, gt=0)
+
+
+class RolloutConfig(_Config):
+    env: str = "code_tests"
+    env_options: dict[str, Any] = Field(default_factory=dict)
+    tasks: int | None = Field(default=None, ge=1)  # the first N tasks of the env
+    task_ids: list[str] = Field(default_factory=list)
+    group_size: int = Field(default=4, ge=1)
+    out: Path = Path("trajectories.jsonl")
+    resume: bool = False
+    seed: int = 0
+    summary_json: Path | None = None
+    max_trajectories: int = Field(default=16, ge=1)  # trajectories in flight (each holds a sandbox)
+    infra_retries: int = Field(default=2, ge=0)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    budgets: BudgetConfig = Field(default_factory=BudgetConfig)
+    engine: EngineConfig = Field(default_factory=LocalEngineConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+
+
+def _format_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  field '{loc}': unknown key; remove it or fix its spelling")
+        else:
+            lines.append(f"  field '{loc}': {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r}: the top level must be a mapping of field: value")
+    return data
+
+
+def load_config(model: type[_Config], path: Path | None = None,
+                overrides: dict[str, Any] | None = None) -> Any:
+    """Validate YAML (if given) merged with overrides (CLI flags win) into `model`."""
+    data = read_yaml(path) if path is not None else {}
+    data = _deep_merge(data, overrides or {})
+    source = f"file {str(path)!r} + command line" if path is not None else "command line"
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc, source)) from None

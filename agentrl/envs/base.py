@@ -1,0 +1,80 @@
+"""The Env base class: what an environment must provide. The runner owns the loop; envs never loop.
+
+An env is a small class registered by name (`@register_env`, or the `agentrl.envs` entry-point group):
+
+    tasks()                         -> frozen Task records
+    system_prompt, tools            -> what the model is told (tools as JSON-schema ToolSpecs)
+    action_format                   -> "hermes" (<tool_call>{json}</tool_call>) or "codeblock" (```python fences)
+    async setup(sandbox, task)      -> prepare the sandbox for one trajectory
+    async call_tool(sandbox, call, task=...) -> ToolResult (task-level failures are data, not exceptions)
+    async finalize(sandbox, task)   -> TestReport: hidden tests, run in the same sandbox
+    async solution(sandbox, task)   -> the final answer stored with the trajectory (optional)
+    reference_solution(task)        -> used by `agentrl envs check`
+    async score_solution(sandbox, task, solution) -> TestReport for a given solution (`envs check --solutions`)
+
+`call_tool` takes the task as a keyword (DESIGN shows `call_tool(sandbox, call)`): envs are shared across
+trajectories and hold no per-trajectory state, so the task must be passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, ClassVar, Literal
+
+from agentrl.sandbox.base import SandboxSpec
+from agentrl.sandbox.client import Sandbox
+from agentrl.types import Message, TestReport, ToolCall, ToolResult, ToolSpec
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task. `data` is read-only env-specific payload (tests, entry point, reference solution...)."""
+
+    id: str
+    prompt: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data", MappingProxyType(dict(self.data)))
+
+
+class Env:
+    name: ClassVar[str] = ""
+    action_format: ClassVar[Literal["hermes", "codeblock"]] = "hermes"
+    system_prompt: ClassVar[str] = ""
+    tools: ClassVar[list[ToolSpec]] = []
+    sandbox_spec: ClassVar[SandboxSpec] = SandboxSpec()
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+
+    def tasks(self) -> Iterable[Task]:
+        raise NotImplementedError
+
+    def messages(self, task: Task) -> list[Message]:
+        """The opening chat of a trajectory. Override for few-shot prompts."""
+        msgs = [Message(role="system", content=self.system_prompt)] if self.system_prompt else []
+        return msgs + [Message(role="user", content=task.prompt)]
+
+    async def setup(self, sandbox: Sandbox, task: Task) -> None:
+        return None
+
+    async def call_tool(self, sandbox: Sandbox, call: ToolCall, *, task: Task) -> ToolResult:
+        raise NotImplementedError
+
+    async def finalize(self, sandbox: Sandbox, task: Task) -> TestReport:
+        raise NotImplementedError
+
+    async def solution(self, sandbox: Sandbox, task: Task) -> str | None:
+        return None
+
+    def reference_solution(self, task: Task) -> str | None:
+        return None
+
+    async def score_solution(self, sandbox: Sandbox, task: Task, solution: str) -> TestReport:
+        raise NotImplementedError(f"env {self.name!r} cannot score given solutions")
+
+    def tool(self, name: str) -> ToolSpec | None:
+        return next((t for t in self.tools if t.name == name), None)

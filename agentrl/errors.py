@@ -1,0 +1,69 @@
+"""One root error, one type per failure point, and the infra-vs-policy split. Imports nothing of ours.
+
+    AgentRLError
+    ├── ConfigError                  bad user input: names the field/file and the fix
+    ├── MissingDependencyError       a package/binary/model is not installed: names the install command
+    ├── StoreError                   unreadable/corrupt trajectory file, schema from the future
+    ├── InfraError                   infrastructure failed: the trajectory is marked infra_error and retried,
+    │   │                            never scored as reward 0
+    │   ├── SandboxError
+    │   │   ├── SandboxStartError    could not create / start / reach the agent of a sandbox
+    │   │   └── SandboxDiedError     a running sandbox vanished or its agent stopped answering
+    │   └── EngineError
+    │       └── EngineUnavailableError
+    └── PolicyError                  the model's own failure that ends an episode (recorded, scored)
+
+Task-level failures (a failing test, a tool timeout, a malformed tool call) are not exceptions at all: they are
+data in the trajectory.
+"""
+
+from __future__ import annotations
+
+
+class AgentRLError(Exception):
+    """Root of every error agentrl raises on purpose."""
+
+
+class ConfigError(AgentRLError):
+    """Invalid configuration or input. The message names the field or file and how to fix it."""
+
+
+class MissingDependencyError(AgentRLError):
+    """Something needed is not installed. The message says which command installs it."""
+
+
+class StoreError(AgentRLError):
+    """A trajectory file cannot be read or written as asked."""
+
+
+class InfraError(AgentRLError):
+    """Infrastructure failed; never the policy's fault, never scored."""
+
+
+class SandboxError(InfraError):
+    pass
+
+
+class SandboxStartError(SandboxError):
+    pass
+
+
+class SandboxDiedError(SandboxError):
+    pass
+
+
+class EngineError(InfraError):
+    pass
+
+
+class EngineUnavailableError(EngineError):
+    pass
+
+
+class PolicyError(AgentRLError):
+    """The model broke the episode in a way the env cannot continue from."""
+
+
+def is_infra(exc: BaseException) -> bool:
+    """True when `exc` is an infrastructure failure (retry; do not score)."""
+    return isinstance(exc, InfraError)

@@ -1,0 +1,107 @@
+"""Sandbox records and the backend protocol. Imports only types/errors.
+
+Control plane vs data plane: a `SandboxBackend` only creates, watches and deletes sandboxes and returns an
+`AgentEndpoint` for each; every command goes to the in-sandbox agent (`agent.py`) through `AgentClient`
+(`client.py`). A `Sandbox` is the handle a trajectory holds for its lease.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_MEM_RE = re.compile(r"^(\d+)([kmgKMG]?)$")
+
+
+def parse_memory(value: str) -> int:
+    """'512m' -> bytes. Raises ValueError naming the accepted forms."""
+    m = _MEM_RE.match(value.strip())
+    if not m:
+        raise ValueError(f"memory {value!r}: use a number with optional k/m/g suffix, e.g. '512m' or '1g'")
+    mult = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}[m.group(2).lower()]
+    return int(m.group(1)) * mult
+
+
+class SandboxSpec(BaseModel):
+    """What one sandbox gets. The same spec works for every backend (backends ignore what they cannot apply
+    and log it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: str = "agentrl/python:latest"  # docker / kubernetes only
+    cpus: float = Field(default=1.0, gt=0)
+    memory: str = "1g"
+    pids: int = Field(default=256, ge=16)
+    disk: str = "256m"  # workspace size limit
+    output_limit: int = Field(default=64 * 1024, ge=1024)  # bytes kept per stream per exec
+    default_timeout_s: float = Field(default=30.0, gt=0)
+    network: bool = False
+    ttl_s: int = Field(default=3600, ge=10)
+
+    @field_validator("memory", "disk")
+    @classmethod
+    def _mem(cls, v: str) -> str:
+        parse_memory(v)
+        return v
+
+    @property
+    def memory_bytes(self) -> int:
+        return parse_memory(self.memory)
+
+    @property
+    def disk_bytes(self) -> int:
+        return parse_memory(self.disk)
+
+
+class ExecResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    exit_code: int | None  # None when killed by timeout
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    truncated: bool = False
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class AgentEndpoint:
+    """How to reach a sandbox's agent: a unix socket path, or host:port with a bearer token."""
+
+    kind: Literal["unix", "tcp"]
+    address: str  # socket path, or "host:port"
+    token: str | None = None
+
+
+@dataclass
+class SandboxHandle:
+    """What a backend returns for one created sandbox (control-plane view)."""
+
+    id: str
+    backend: str
+    endpoint: AgentEndpoint
+    labels: dict[str, str] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # create_s, start_s, agent_ready_s
+
+
+class SandboxBackend(Protocol):
+    name: str
+
+    async def create(self, spec: SandboxSpec, labels: dict[str, str]) -> SandboxHandle:
+        """Create and start one sandbox; return when its agent answers health checks."""
+        ...
+
+    async def destroy(self, handle: SandboxHandle) -> None:
+        """Remove the sandbox and everything it owns. Idempotent."""
+        ...
+
+    async def alive(self, handle: SandboxHandle) -> bool: ...
+
+    async def sweep(self, *, run_id: str | None = None, all_runs: bool = False) -> int:
+        """Remove orphans: sandboxes whose owning run is dead or whose TTL passed. Returns how many."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,106 @@
+"""Turning messages into token ids with the model's own chat template. Imports only types.
+
+Owns: the prompt ids of a trajectory, the suffix ids of each tool/env observation, and the per-turn drift check.
+Never decodes model output and re-tokenizes it: model tokens are kept exactly as sampled; only env messages are
+rendered.
+
+Suffix ids (the TRL trick, made explicit): render a dummy conversation ending in an assistant turn, cut it right
+after its last end-of-turn token, render the same conversation plus the observation messages with the generation
+prompt, and take the difference. What the model produced ends on its end-of-turn token, so appending the suffix
+gives exactly what the template would have rendered, including any newline the template puts after end-of-turn
+(verl #6501 dropped it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrl.types import Message, ToolSpec
+
+_DUMMY_USER = "dummy"
+_DUMMY_ASSISTANT = "dummy"
+
+
+class TemplateError(ValueError):
+    """The chat template is not prefix-preserving in a way we can slice; names the template problem."""
+
+
+def _as_dicts(messages: list[Message]) -> list[dict[str, Any]]:
+    return [m.model_dump(exclude_none=True) for m in messages]
+
+
+class ChatRenderer:
+    """Renders messages for one tokenizer (+ optional tools for templates that list them in the system prompt)."""
+
+    def __init__(self, tokenizer: Any, tools: list[ToolSpec] | None = None) -> None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise TemplateError("the tokenizer has no chat_template; use an instruct/chat checkpoint")
+        self.tok = tokenizer
+        self.tools = [t.to_openai() for t in tools] if tools else None
+        self.end_of_turn_ids = self._end_of_turn_ids()
+        self._suffix_prefix = self._dummy_prefix()
+
+    # -- low level ------------------------------------------------------------------------------------------
+    def _template(self, messages: list[dict[str, Any]], *, gen_prompt: bool, tokenize: bool) -> Any:
+        return self.tok.apply_chat_template(
+            messages,
+            tools=self.tools,
+            add_generation_prompt=gen_prompt,
+            tokenize=tokenize,
+            return_dict=False,
+        )
+
+    def _end_of_turn_ids(self) -> list[int]:
+        ids = {self.tok.eos_token_id} if self.tok.eos_token_id is not None else set()
+        for tok in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):
+            tid = self.tok.convert_tokens_to_ids(tok)
+            if isinstance(tid, int) and tid != self.tok.unk_token_id and tid >= 0:
+                ids.add(tid)
+        return sorted(ids)
+
+    def _dummy_prefix(self) -> list[int]:
+        msgs = [{"role": "user", "content": _DUMMY_USER}, {"role": "assistant", "content": _DUMMY_ASSISTANT}]
+        ids = list(self._template(msgs, gen_prompt=False, tokenize=True))
+        eot = [i for i, t in enumerate(ids) if t in self.end_of_turn_ids]
+        if not eot:
+            raise TemplateError("the chat template renders no end-of-turn token after an assistant message")
+        return ids[: eot[-1] + 1]
+
+    # -- public ---------------------------------------------------------------------------------------------
+    def prompt_ids(self, messages: list[Message]) -> list[int]:
+        """The ids of the opening conversation, with the generation prompt for the first assistant turn."""
+        return list(self._template(_as_dicts(messages), gen_prompt=True, tokenize=True))
+
+    def suffix_ids(self, observation: list[Message]) -> list[int]:
+        """Ids to append after a model turn that ended on end-of-turn: the observation messages + the next
+        assistant generation prompt."""
+        msgs = [{"role": "user", "content": _DUMMY_USER}, {"role": "assistant", "content": _DUMMY_ASSISTANT}]
+        full = list(self._template(msgs + _as_dicts(observation), gen_prompt=True, tokenize=True))
+        if full[: len(self._suffix_prefix)] != self._suffix_prefix:
+            raise TemplateError(
+                "the chat template is not prefix-preserving: rendering an observation changed earlier tokens"
+            )
+        return full[len(self._suffix_prefix) :]
+
+    def render_text(self, messages: list[Message], *, gen_prompt: bool) -> str:
+        return str(self._template(_as_dicts(messages), gen_prompt=gen_prompt, tokenize=False))
+
+    def check_drift(self, messages: list[Message], ids: list[int]) -> tuple[bool, bool]:
+        """Compare our exact ids with what re-templating the conversation would give.
+
+        Returns (text_drift, token_drift): text_drift means the template renders the conversation (assistant
+        turns as decoded text) differently from decode(ids), i.e. our context is not what the template would
+        build; token_drift means re-tokenizing that rendering gives different ids (harmless for us since we keep
+        the sampled ids, but it is exactly the drift that decode/re-tokenize pipelines suffer).
+        """
+        rendered = self.render_text(messages, gen_prompt=True)
+        ours = self.tok.decode(ids, skip_special_tokens=False)
+        text_drift = rendered != ours
+        token_drift = text_drift or list(self.tok.encode(rendered, add_special_tokens=False)) != list(ids)
+        return text_drift, token_drift
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tok.decode(ids, skip_special_tokens=False))
+
+    def strip_end_of_turn(self, ids: list[int]) -> list[int]:
+        return ids[:-1] if ids and ids[-1] in self.end_of_turn_ids else ids
