@@ -71,11 +71,10 @@ def make_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path]:
 
 
 def _renderer(env: Env, tokenizer: Any) -> Any:
+    """The env's system prompt already describes its tools, so the template is not given them again."""
     from agentrl.tools.render import ChatRenderer
 
-    template = getattr(tokenizer, "chat_template", None) or ""
-    wants_tools = env.action_format == "hermes" and "tools" in template
-    return ChatRenderer(tokenizer, env.tools if wants_tools else None)
+    return ChatRenderer(tokenizer)
 
 
 def _config_hash(cfg: RolloutConfig) -> str:

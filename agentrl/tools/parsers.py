@@ -67,27 +67,30 @@ def parse_tool_calls(text: str, fmt: str, tools: list[ToolSpec], *, turn: int = 
 # -- hermes ----------------------------------------------------------------------------------------------------
 
 
-def _hermes_spans(text: str) -> tuple[list[tuple[int, int, int]], list[str]]:
-    """Find `<tool_call>` bodies: ([(tag_start, body_start, body_end_or_-1)], stray-closer errors)."""
+_STRAY = -2  # span marker: a </tool_call> with no opener
+_UNCLOSED = -1  # span marker: a <tool_call> with no closer
+
+
+def _hermes_spans(text: str) -> list[tuple[int, int, int]]:
+    """Tags in text order: (tag_start, body_start, body_end), body_end = _UNCLOSED / _STRAY for broken ones."""
     spans: list[tuple[int, int, int]] = []
-    errors: list[str] = []
     pos = 0
     while True:
         start = text.find(OPEN_TAG, pos)
         stray = text.find(CLOSE_TAG, pos)
         if stray != -1 and (start == -1 or stray < start):
-            errors.append(f"stray {CLOSE_TAG} at char {stray} without an opening {OPEN_TAG}; expected {HERMES_SHAPE}")
+            spans.append((stray, stray, _STRAY))
             pos = stray + len(CLOSE_TAG)
             continue
         if start == -1:
-            return spans, errors
+            return spans
         body = start + len(OPEN_TAG)
         end = text.find(CLOSE_TAG, body)
         reopen = text.find(OPEN_TAG, body)
         if end == -1 or (reopen != -1 and reopen < end):
-            spans.append((start, body, -1))
+            spans.append((start, body, _UNCLOSED))
             if reopen == -1:
-                return spans, errors
+                return spans
             pos = reopen
             continue
         spans.append((start, body, end))
@@ -95,16 +98,20 @@ def _hermes_spans(text: str) -> tuple[list[tuple[int, int, int]], list[str]]:
 
 
 def _parse_hermes(text: str, tools: list[ToolSpec], turn: int) -> ParseOutcome:
-    spans, errors = _hermes_spans(text)
     by_name = {t.name: t for t in tools}
     calls: list[ToolCall] = []
-    for i, (start, body, end) in enumerate(spans):
-        label = f"tool call {i + 1}"
-        if end == -1:
+    errors: list[str] = []
+    i = 0  # index of the attempted call (stray closers are not attempts)
+    for start, body, end in _hermes_spans(text):
+        if end == _STRAY:
+            errors.append(f"stray {CLOSE_TAG} at char {start} without an opening {OPEN_TAG}; expected {HERMES_SHAPE}")
+            continue
+        label, call_id, i = f"tool call {i + 1}", f"call_{turn}_{i}", i + 1
+        if end == _UNCLOSED:
             errors.append(f"{label}: unclosed {OPEN_TAG} tag (no {CLOSE_TAG} follows it); expected {HERMES_SHAPE}")
             continue
         raw = text[start : end + len(CLOSE_TAG)]
-        call, err = _hermes_call(text[body:end], by_name, call_id=f"call_{turn}_{i}", raw=raw)
+        call, err = _hermes_call(text[body:end], by_name, call_id=call_id, raw=raw)
         if err is not None:
             errors.append(f"{label}: {err}")
         elif call is not None:
@@ -125,7 +132,8 @@ def _hermes_call(
     try:
         obj = json.loads(src)
     except json.JSONDecodeError as exc:
-        return None, f"invalid JSON at char {exc.pos}: {exc.msg} (near {_snippet(src, exc.pos)!r}); expected {HERMES_SHAPE}"
+        near = _snippet(src, exc.pos)
+        return None, f"invalid JSON at char {exc.pos}: {exc.msg} (near {near!r}); expected {HERMES_SHAPE}"
     except RecursionError:
         return None, f"invalid JSON: nested too deeply; expected {HERMES_SHAPE}"
     if not isinstance(obj, dict):
@@ -223,26 +231,28 @@ _FENCE_OPEN = re.compile(r"^[ \t]*(`{3,})[ \t]*([^\s`]*)[^`\n]*$")
 
 
 def _parse_codeblocks(text: str, tools: list[ToolSpec], turn: int) -> ParseOutcome:
-    blocks, errors = _fenced_blocks(text)
+    blocks, unclosed = _fenced_blocks(text)
     if blocks and tools and all(t.name != CODE_TOOL for t in tools):
         return ParseOutcome(errors=[f"code blocks are run with the {CODE_TOOL} tool, which this env does not offer"])
     calls: list[ToolCall] = []
+    errors: list[str] = []
     for i, (code, raw) in enumerate(blocks):
         if not code.strip():
             errors.append(f"code block {i + 1} is empty; put Python code between ```python and ```")
             continue
         calls.append(ToolCall(id=f"call_{turn}_{i}", name=CODE_TOOL, arguments={"code": code}, raw=raw))
-    return ParseOutcome(calls=calls, errors=errors)
+    return ParseOutcome(calls=calls, errors=errors + ([unclosed] if unclosed else []))
 
 
-def _fenced_blocks(text: str) -> tuple[list[tuple[str, str]], list[str]]:
-    """[(code, raw_span)] of the Python blocks in `text`, and errors for unclosed Python fences."""
-    lines = text.splitlines(keepends=True)
+def _fenced_blocks(text: str) -> tuple[list[tuple[str, str]], str | None]:
+    """[(code, raw_span)] of the Python blocks in `text`, and the error for an unclosed Python fence (which
+    swallows the rest of the text, so it is always last)."""
+    lines = [line + "\n" for line in text.split("\n")]  # only \n ends a line (not \x85, \u2028...)
+    lines[-1] = lines[-1][:-1]
     offsets = [0]
     for line in lines:
         offsets.append(offsets[-1] + len(line))
     blocks: list[tuple[str, str]] = []
-    errors: list[str] = []
     i = 0
     while i < len(lines):
         m = _FENCE_OPEN.match(lines[i].rstrip("\r\n"))
@@ -253,14 +263,14 @@ def _fenced_blocks(text: str) -> tuple[list[tuple[str, str]], list[str]]:
         span = _block_end(text, lines, offsets, i, ticks)
         if span is None:  # unclosed: the rest of the text is inside the fence
             if _wants(info, _dedent(text[offsets[i + 1] :], lines[i])):
-                errors.append(f"unclosed code fence {ticks}{info} at line {i + 1}; close the block with {ticks}")
+                return blocks, f"unclosed code fence {ticks}{info} at line {i + 1}; close the block with {ticks}"
             break
         code_end, end, i_next = span
         code = _dedent(text[offsets[i + 1] : code_end], lines[i])
         if _wants(info, code):
             blocks.append((code, text[offsets[i] : end]))
         i = i_next
-    return blocks, errors
+    return blocks, None
 
 
 def _block_end(text: str, lines: list[str], offsets: list[int], i: int, ticks: str) -> tuple[int, int, int] | None:
@@ -329,7 +339,7 @@ def format_tool_instructions(fmt: str, tools: list[ToolSpec]) -> str:
         desc = next((t.description for t in tools if t.name == CODE_TOOL), "Runs Python code.")
         return (
             "Write Python code inside a fenced block:\n```python\n# your code\n```\n"
-            f"Every ```python block in your reply is run. {desc} You will see its output. "
+            f"Every ```python block in your reply is run with {CODE_TOOL}: {desc}\n"
             "When you are finished, reply without a code block."
         )
     raise ValueError(f"unknown tool-call format {fmt!r}: use one of {', '.join(FORMATS)}")

@@ -38,7 +38,8 @@ class ChatRenderer:
         self.tok = tokenizer
         self.tools = [t.to_openai() for t in tools] if tools else None
         self.end_of_turn_ids = self._end_of_turn_ids()
-        self._suffix_prefix = self._dummy_prefix()
+        self._suffix_prefix = self._dummy_prefix("assistant")
+        self._user_prefix = self._dummy_prefix("user")
 
     # -- low level ------------------------------------------------------------------------------------------
     def _template(self, messages: list[dict[str, Any]], *, gen_prompt: bool, tokenize: bool) -> Any:
@@ -58,12 +59,15 @@ class ChatRenderer:
                 ids.add(tid)
         return sorted(ids)
 
-    def _dummy_prefix(self) -> list[int]:
-        msgs = [{"role": "user", "content": _DUMMY_USER}, {"role": "assistant", "content": _DUMMY_ASSISTANT}]
-        ids = list(self._template(msgs, gen_prompt=False, tokenize=True))
+    def _dummy(self, role: str) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": _DUMMY_USER}] + ([{"role": role, "content": _DUMMY_ASSISTANT}]
+                                                               if role == "assistant" else [])
+
+    def _dummy_prefix(self, role: str = "assistant") -> list[int]:
+        ids = list(self._template(self._dummy(role), gen_prompt=False, tokenize=True))
         eot = [i for i, t in enumerate(ids) if t in self.end_of_turn_ids]
         if not eot:
-            raise TemplateError("the chat template renders no end-of-turn token after an assistant message")
+            raise TemplateError("the chat template renders no end-of-turn token after a message")
         return ids[: eot[-1] + 1]
 
     # -- public ---------------------------------------------------------------------------------------------
@@ -73,14 +77,19 @@ class ChatRenderer:
 
     def suffix_ids(self, observation: list[Message]) -> list[int]:
         """Ids to append after a model turn that ended on end-of-turn: the observation messages + the next
-        assistant generation prompt."""
-        msgs = [{"role": "user", "content": _DUMMY_USER}, {"role": "assistant", "content": _DUMMY_ASSISTANT}]
-        full = list(self._template(msgs + _as_dicts(observation), gen_prompt=True, tokenize=True))
-        if full[: len(self._suffix_prefix)] != self._suffix_prefix:
-            raise TemplateError(
-                "the chat template is not prefix-preserving: rendering an observation changed earlier tokens"
-            )
-        return full[len(self._suffix_prefix) :]
+        assistant generation prompt.
+
+        Templates that rewrite earlier assistant turns (e.g. strip reasoning) are not prefix-preserving after an
+        assistant message; then the suffix is taken after a user message instead, and the per-turn drift check
+        reports that the template would render the conversation differently.
+        """
+        obs = _as_dicts(observation)
+        for role, prefix in (("assistant", self._suffix_prefix), ("user", self._user_prefix)):
+            full = list(self._template(self._dummy(role) + obs, gen_prompt=True, tokenize=True))
+            if full[: len(prefix)] == prefix:
+                return full[len(prefix) :]
+        raise TemplateError("the chat template is not prefix-preserving: rendering an observation changed "
+                            "earlier tokens even after a user message; use a template that appends messages")
 
     def render_text(self, messages: list[Message], *, gen_prompt: bool) -> str:
         return str(self._template(_as_dicts(messages), gen_prompt=gen_prompt, tokenize=False))

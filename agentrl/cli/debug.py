@@ -1,0 +1,227 @@
+"""The debugging commands: `agentrl replay`, `agentrl rescore`, `agentrl view`, `agentrl stats`.
+
+    agentrl replay FILE [--id ID] [--task TASK] [--step N] [--reexecute [--sandbox local|docker]] [--max-chars N]
+    agentrl rescore FILE [--env NAME] [--rerun-tests [--sandbox ...]] [--out FILE] [--all]
+    agentrl view FILE -o report.html [--max-chars N] [--title TEXT]
+    agentrl stats FILE [--json OUT]
+
+Every command reads the file tolerantly: each unreadable line (corrupt, truncated, schema from the future) is
+printed to stderr naming its line, counted, and skipped; the rest is read. A missing file is an error (exit 2).
+Exit codes: 0 ok; 1 `replay --reexecute` found a differing call / `rescore` found a differing reward; 2 error.
+
+Only this module wires replay to sandboxes (through `agentrl.cli.wiring.make_pool`); heavy imports happen inside
+the commands so `agentrl --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+MAX_PRINTED_LINE_ERRORS = 20
+
+
+def add_replay_commands(sub: Any) -> None:
+    """Add replay, rescore, view and stats to the `agentrl` subparsers."""
+    _add_replay(sub)
+    _add_rescore(sub)
+    v = sub.add_parser("view", help="write one self-contained HTML report of a trajectory file")
+    v.add_argument("file", type=Path)
+    v.add_argument("-o", "--out", type=Path, default=Path("report.html"), help="HTML file to write")
+    v.add_argument("--title", help="page title (default: the file name)")
+    v.add_argument("--max-chars", type=int, default=4000, help="trim each long text to about N characters")
+    v.set_defaults(func=_cmd_view)
+    s = sub.add_parser("stats", help="the run's metrics table (same numbers as the rollout summary), per step")
+    s.add_argument("file", type=Path)
+    s.add_argument("--json", type=Path, help="also write the metrics as JSON here (for dashboards)")
+    s.set_defaults(func=_cmd_stats)
+
+
+def _add_sandbox_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sandbox", default="local", choices=["local", "docker"], help="sandbox backend (default local)")
+    p.add_argument("--unsafe-no-isolation", action="store_true", help="local sandboxes without bubblewrap")
+    p.add_argument("--env-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="env constructor option, as given to the run (default: meta.env_options if recorded)")
+
+
+def _add_replay(sub: Any) -> None:
+    p = sub.add_parser("replay", help="show stored trajectories turn by turn; --reexecute replays their tool calls")
+    p.add_argument("file", type=Path)
+    p.add_argument("--id", dest="traj_id", help="trajectory id (or a unique prefix of one)")
+    p.add_argument("--task", help="every trajectory of this task id")
+    p.add_argument("--step", type=int, help="every trajectory of this training step")
+    p.add_argument("--reexecute", action="store_true",
+                   help="replay every tool call in a fresh sandbox and compare with the stored results")
+    p.add_argument("--max-chars", type=int, default=2000, help="trim each long text to about N characters (0: all)")
+    _add_sandbox_args(p)
+    p.set_defaults(func=_cmd_replay)
+
+
+def _add_rescore(sub: Any) -> None:
+    p = sub.add_parser("rescore", help="recompute rewards from stored test reports (or re-run the tests)")
+    p.add_argument("file", type=Path)
+    p.add_argument("--env", help="env whose tests to re-run (default: each trajectory's own env)")
+    p.add_argument("--rerun-tests", action="store_true",
+                   help="re-run the env's tests on each stored solution in a fresh sandbox")
+    p.add_argument("--out", type=Path, help="write the rescored trajectories to this new file")
+    p.add_argument("--all", action="store_true", help="list every trajectory, not only those whose reward changed")
+    _add_sandbox_args(p)
+    p.set_defaults(func=_cmd_rescore)
+
+
+# -- shared -------------------------------------------------------------------------------------------------------
+
+def _load(path: Path) -> Any:
+    """Read `path`; print each unreadable line to stderr (the first few) and how many there were."""
+    from agentrl.replay import load
+
+    loaded = load(path)
+    for err in loaded.errors[:MAX_PRINTED_LINE_ERRORS]:
+        print(f"warning: skipped {err}", file=sys.stderr)
+    if loaded.errors:
+        more = len(loaded.errors) - MAX_PRINTED_LINE_ERRORS
+        extra = f" ({more} not printed)" if more > 0 else ""
+        print(f"warning: {len(loaded.errors)} unreadable line(s) in {path}{extra}; "
+              f"read {len(loaded.trajectories)} trajectories", file=sys.stderr)
+    return loaded
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def _pool_factory(a: argparse.Namespace) -> Any:
+    from agentrl.cli.wiring import make_pool
+    from agentrl.replay import new_run_id
+
+    def factory(spec: Any) -> Any:
+        return make_pool(a.sandbox, spec, warm=0, max_sandboxes=1, run_id=new_run_id(),
+                         unsafe_no_isolation=a.unsafe_no_isolation)
+
+    return factory
+
+
+def _env_options(a: argparse.Namespace) -> dict[str, Any]:
+    from agentrl.cli import _parse_kv
+
+    return dict(_parse_kv(kv) for kv in a.env_option)
+
+
+# -- commands -----------------------------------------------------------------------------------------------------
+
+def _cmd_replay(a: argparse.Namespace) -> int:
+    from agentrl.errors import ConfigError
+    from agentrl.replay import describe_no_match, select
+    from agentrl.view.terminal import listing_table, trajectory_view
+
+    loaded = _load(a.file)
+    filters = {"traj_id": a.traj_id, "task": a.task, "step": a.step}
+    chosen = select(loaded.trajectories, **filters)
+    if not chosen:
+        raise ConfigError(describe_no_match(loaded.trajectories, **filters))
+    console = _console()
+    unfiltered = all(v is None for v in filters.values())
+    if unfiltered and len(chosen) > 1 and not a.reexecute:
+        console.print(listing_table(chosen, title=f"{a.file}: {len(chosen)} trajectories"))
+        console.print("pick one with --id ID (or --task TASK / --step N to show several)")
+        return 0
+    if not a.reexecute:
+        for t in chosen:
+            console.print(trajectory_view(t, max_chars=a.max_chars))
+        return 0
+    return _reexecute(a, chosen, console)
+
+
+def _reexecute(a: argparse.Namespace, chosen: list[Any], console: Any) -> int:
+    from agentrl.cli import _run_cancellable
+    from agentrl.replay import reexecute_many
+    from agentrl.view.terminal import reexecute_view
+
+    def show(report: Any) -> None:
+        console.print(reexecute_view(report, max_chars=a.max_chars))
+
+    reports = []
+
+    async def run() -> int:
+        reports.extend(await reexecute_many(chosen, _pool_factory(a), env_options=_env_options(a), on_report=show))
+        return 0
+
+    rc = _run_cancellable(run())
+    if rc:
+        return rc
+    bad = [r for r in reports if not r.all_match]
+    calls = sum(len(r.checks) for r in reports)
+    differing = sum(len(r.mismatches) for r in reports)
+    console.print(f"re-executed {len(reports)} trajectories, {calls} tool calls: "
+                  + ("all identical" if not bad else f"{differing} differ in {len(bad)} trajectories"))
+    return 0 if not bad else 1
+
+
+def _cmd_rescore(a: argparse.Namespace) -> int:
+    from agentrl.replay import rescore_pure, rescore_rerun, write_trajectories
+    from agentrl.view.terminal import rescore_table
+
+    loaded = _load(a.file)
+    if a.rerun_tests:
+        from agentrl.cli import _run_cancellable
+
+        rows: list[Any] = []
+
+        async def run() -> int:
+            rows.extend(await rescore_rerun(loaded.trajectories, _pool_factory(a), env_name=a.env,
+                                            env_options=_env_options(a)))
+            return 0
+
+        rc = _run_cancellable(run())
+        if rc:
+            return rc
+    else:
+        rows = rescore_pure(loaded.trajectories)
+    console = _console()
+    changed = [r for r in rows if r.differs]
+    if changed or a.all:
+        console.print(rescore_table(rows, only_diffs=not a.all))
+    console.print(f"rescored {len(rows)} trajectories ({'tests re-run' if a.rerun_tests else 'from stored tests'}): "
+                  f"{len(changed)} rewards differ")
+    if a.out:
+        write_trajectories(a.out, [r.rescored for r in rows])
+        console.print(f"wrote {len(rows)} rescored trajectories to {a.out}")
+    return 1 if changed else 0
+
+
+def _cmd_view(a: argparse.Namespace) -> int:
+    from agentrl.view import write_report
+
+    loaded = _load(a.file)
+    info = write_report(a.out, loaded.trajectories, title=a.title or f"agentrl trajectories: {a.file.name}",
+                        errors=loaded.errors, max_chars=a.max_chars)
+    trimmed = f"; texts trimmed to {info.max_chars} characters to fit" if info.max_chars < a.max_chars else ""
+    print(f"wrote {info.path} ({info.trajectories} trajectories, {info.bytes / 1e6:.1f} MB{trimmed})")
+    return 0
+
+
+def _cmd_stats(a: argparse.Namespace) -> int:
+    from agentrl.cli.display import summary_table
+    from agentrl.store import summarize
+    from agentrl.view.data import NO_STEP, by_step
+    from agentrl.view.terminal import steps_table
+
+    loaded = _load(a.file)
+    overall = summarize(loaded.trajectories)
+    steps = by_step(loaded.trajectories)
+    per_step = {k: summarize(v) for k, v in steps.items()} if set(steps) != {NO_STEP} else {}
+    console = _console()
+    console.print(summary_table(overall, title=f"{a.file.name}: run summary"))
+    if per_step:
+        console.print(steps_table(per_step))
+    if a.json:
+        payload = {"file": str(a.file), "unreadable_lines": len(loaded.errors), "summary": overall,
+                   "steps": {str(k): v for k, v in per_step.items()}}
+        a.json.write_text(json.dumps(payload, indent=2))
+        console.print(f"wrote {a.json}")
+    return 0

@@ -1,0 +1,212 @@
+"""The data plane: `AgentClient` talks HTTP/1.1 to one in-sandbox agent; `Sandbox` is the handle a trajectory holds.
+
+Owns: the wire protocol to `agent.py` (a hand-rolled, minimal asyncio HTTP/1.1 client: keep-alive connections reused
+per sandbox, TCP_NODELAY, bearer token for tcp), per-request deadlines, and mapping failures to exceptions.
+Does not own: creating or destroying sandboxes (backends), leasing them (pool).
+
+Exceptions raised by `Sandbox` methods:
+
+    SandboxDiedError (agentrl.errors, infra)   connection refused/reset, socket gone, no answer within the deadline
+    SandboxError     (agentrl.errors, infra)   the agent answered 5xx or rejected our token (a bug or misconfig)
+    SandboxPathError (PermissionError)         403: the path resolves outside the workspace -> a tool error
+    FileNotFoundError                          404 from /read
+    ValueError                                 400: bad arguments (e.g. reading a directory)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+from typing import Any
+
+from agentrl.errors import SandboxDiedError, SandboxError
+from agentrl.sandbox.base import AgentEndpoint, ExecResult, SandboxHandle, SandboxSpec
+
+EXEC_GRACE_S = 10.0  # client-side deadline of an exec = its timeout + this (a hung agent never hangs the caller)
+IO_TIMEOUT_S = 60.0  # deadline of /read, /write
+HEALTH_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 4  # per sandbox: concurrent requests beyond this wait
+
+
+class SandboxPathError(PermissionError):
+    """The agent refused a path outside the workspace (HTTP 403). A task-level failure: report it to the model."""
+
+
+class _Connection:
+    """One keep-alive HTTP/1.1 connection to the agent."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.reusable = True
+
+    async def roundtrip(self, head: bytes, body: bytes) -> tuple[int, bytes]:
+        self.writer.write(head + body)
+        raw = await self.reader.readuntil(b"\r\n\r\n")
+        lines = raw.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        length = 0
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            name = name.strip().lower()
+            if name == "content-length":
+                length = int(value)
+            elif name == "connection" and value.strip().lower() == "close":
+                self.reusable = False
+        payload = await self.reader.readexactly(length) if length else b""
+        return status, payload
+
+    def close(self) -> None:
+        self.reusable = False
+        self.writer.close()
+
+
+class AgentClient:
+    """Requests to one agent over a small pool of keep-alive connections (at most `max_connections`)."""
+
+    def __init__(self, endpoint: AgentEndpoint, *, max_connections: int = MAX_CONNECTIONS,
+                 connect_timeout_s: float = 5.0) -> None:
+        if endpoint.kind == "tcp" and not endpoint.token:
+            raise ValueError(f"tcp endpoint {endpoint.address} needs a bearer token (AgentEndpoint.token)")
+        self.endpoint = endpoint
+        self._connect_timeout_s = connect_timeout_s
+        self._idle: list[_Connection] = []
+        self._slots = asyncio.Semaphore(max_connections)
+        auth = f"Authorization: Bearer {endpoint.token}\r\n" if endpoint.token else ""
+        self._head_tail = f"Host: agent\r\n{auth}Content-Type: application/json\r\n"
+        self._closed = False
+
+    async def request(self, method: str, path: str, payload: dict[str, Any] | None, *,
+                      timeout: float) -> tuple[int, dict[str, Any]]:
+        """One request; returns (status, decoded JSON). Transport failures raise SandboxDiedError."""
+        if self._closed:
+            raise SandboxDiedError(f"client for agent {self.endpoint.address} is closed")
+        body = json.dumps(payload).encode() if payload is not None else b""
+        head = f"{method} {path} HTTP/1.1\r\n{self._head_tail}Content-Length: {len(body)}\r\n\r\n".encode()
+        async with self._slots:
+            conn = None
+            try:
+                async with asyncio.timeout(timeout):
+                    conn = self._idle.pop() if self._idle else await self._connect()
+                    status, raw = await conn.roundtrip(head, body)
+            except TimeoutError:
+                self._discard(conn)
+                raise SandboxDiedError(
+                    f"agent at {self.endpoint.address} did not answer {method} {path} within {timeout:.1f}s") from None
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+                self._discard(conn)
+                raise SandboxDiedError(
+                    f"agent at {self.endpoint.address} is gone ({type(e).__name__}: {e}) during {method} {path}"
+                ) from e
+            except BaseException:  # cancelled mid-request: the connection's state is unknown
+                self._discard(conn)
+                raise
+            self._release(conn)
+        return status, _decode(raw, status)
+
+    async def _connect(self) -> _Connection:
+        ep = self.endpoint
+        async with asyncio.timeout(self._connect_timeout_s):
+            if ep.kind == "unix":
+                reader, writer = await asyncio.open_unix_connection(ep.address)
+            else:
+                host, _, port = ep.address.rpartition(":")
+                reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+                writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return _Connection(reader, writer)
+
+    def _release(self, conn: _Connection) -> None:
+        if conn.reusable and not self._closed:
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    @staticmethod
+    def _discard(conn: _Connection | None) -> None:
+        if conn is not None:
+            conn.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _decode(raw: bytes, status: int) -> dict[str, Any]:
+    try:
+        obj = json.loads(raw) if raw else {}
+    except ValueError:
+        obj = {"error": raw[:500].decode("utf-8", "replace")}
+    if not isinstance(obj, dict):
+        obj = {"error": f"unexpected response {obj!r:.200}"}
+    return obj if status == 200 else {"error": obj.get("error", f"HTTP {status}")}
+
+
+def _raise_for(status: int, obj: dict[str, Any], what: str) -> None:
+    if status == 200:
+        return
+    msg = f"{what}: {obj.get('error')}"
+    if status == 403:
+        raise SandboxPathError(msg)
+    if status == 404:
+        raise FileNotFoundError(msg)
+    if status in (400, 413):
+        raise ValueError(msg)
+    raise SandboxError(f"{msg} (HTTP {status} from the agent)")
+
+
+class Sandbox:
+    """The handle one trajectory holds for its lease. State (files, background processes) persists across calls."""
+
+    def __init__(self, handle: SandboxHandle, spec: SandboxSpec, *, client: AgentClient | None = None) -> None:
+        self.handle = handle
+        self.spec = spec
+        self.client = client or AgentClient(handle.endpoint)
+
+    @property
+    def id(self) -> str:
+        return self.handle.id
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, backend={self.handle.backend!r})"
+
+    async def exec(self, cmd: str | list[str], *, timeout: float | None = None, cwd: str | None = None,
+                   env: dict[str, str] | None = None, stdin: str | None = None) -> ExecResult:
+        """Run `cmd` (a string goes through /bin/sh -c) in the workspace. A timeout is data (timed_out=True)."""
+        limit = timeout if timeout is not None else self.spec.default_timeout_s
+        payload: dict[str, Any] = {"cmd": cmd, "timeout": limit, "output_limit": self.spec.output_limit}
+        for key, value in (("cwd", cwd), ("env", env), ("stdin", stdin)):
+            if value is not None:
+                payload[key] = value
+        status, obj = await self.client.request("POST", "/exec", payload, timeout=limit + EXEC_GRACE_S)
+        _raise_for(status, obj, f"exec in sandbox {self.id}")
+        return ExecResult(**obj)
+
+    async def write_file(self, path: str, content: str | bytes, mode: int = 0o644) -> None:
+        data = content.encode() if isinstance(content, str) else bytes(content)
+        payload = {"path": path, "content_b64": base64.b64encode(data).decode("ascii"), "mode": mode}
+        status, obj = await self.client.request("POST", "/write", payload, timeout=IO_TIMEOUT_S)
+        _raise_for(status, obj, f"write {path!r} in sandbox {self.id}")
+
+    async def read_bytes(self, path: str) -> bytes:
+        status, obj = await self.client.request("POST", "/read", {"path": path}, timeout=IO_TIMEOUT_S)
+        _raise_for(status, obj, f"read {path!r} in sandbox {self.id}")
+        return base64.b64decode(obj["content_b64"])
+
+    async def read_file(self, path: str) -> str:
+        return (await self.read_bytes(path)).decode("utf-8", "replace")
+
+    async def health(self) -> bool:
+        """True when the agent answers; never raises for a dead agent."""
+        try:
+            status, obj = await self.client.request("GET", "/health", None, timeout=HEALTH_TIMEOUT_S)
+        except SandboxDiedError:
+            return False
+        return status == 200 and obj.get("ok") is True
+
+    async def close(self) -> None:
+        """Close the connections (the pool does this before the backend destroys the sandbox)."""
+        await self.client.close()

@@ -1,0 +1,407 @@
+"""Docker backend: sandboxes as hardened containers. The control plane only.
+
+Owns: creating, starting, watching and removing containers through the Docker SDK (every blocking call runs on
+this backend's own thread pool, never on the event loop), the limits and hardening of each container, the
+per-sandbox host socket directory, ownership labels + TTL, and sweeping orphans. Does not own: commands (they go to
+the in-sandbox agent over the unix socket through `client.py`; never `docker exec`), leasing and warm pools
+(`pool.py`).
+
+One sandbox = one container:
+
+    command    python3 (alarm at ttl_s, then exec) python3 /agentrl/agent.py --unix /agentrl-sock/agent.sock
+               --workspace /workspace; docker-init (tini) is pid 1 and reaps orphans
+    mounts     agent.py read-only at /agentrl/agent.py; the host socket dir at /agentrl-sock;
+               tmpfs /workspace and /tmp (size = spec.disk, owned by the sandbox user)
+    limits     nano_cpus = spec.cpus, mem_limit == memswap_limit = spec.memory (no swap), pids_limit = spec.pids
+    hardening  user 1000:1000, read-only root fs, cap_drop ALL, no-new-privileges, Docker's default seccomp,
+               network "none" unless spec.network (then `network`, default "bridge")
+    labels     agentrl.owner=agentrl, agentrl.run_id, agentrl.owner_host, agentrl.owner_pid, agentrl.owner_start,
+               agentrl.created_at, agentrl.ttl_s, agentrl.sock_dir
+
+Leak-proofing: the agent gets SIGALRM at ttl_s, so the container stops even if nobody ever sweeps; `sweep()`
+removes containers whose TTL passed, whose owner process on this host is gone (pid + start time, so a reused pid is
+not mistaken for the owner), or of a given run.
+
+The socket directory is created by the host, handed to the sandbox uid while the agent binds its socket, and (when
+the host side runs as root) taken back to root:root 0711 once the agent answers, so code in the sandbox cannot write
+to the host's disk through it. A non-root host user runs sandboxes under its own uid:gid (so the 0600 socket is
+reachable) and keeps the directory under $XDG_RUNTIME_DIR (a small per-user tmpfs) when that is set.
+
+The Docker Engine must be local (bind mounts of host paths): DOCKER_HOST over TCP/SSH to another machine does not work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import secrets
+import shutil
+import socket
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from agentrl.errors import ConfigError, MissingDependencyError, SandboxDiedError, SandboxError, SandboxStartError
+from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
+from agentrl.sandbox.client import AgentClient
+
+try:
+    import docker
+    import docker.errors
+    from docker.types import Ulimit
+except ImportError:  # pragma: no cover - exercised only without the [docker] extra
+    docker = None
+
+log = logging.getLogger("agentrl.sandbox")
+T = TypeVar("T")
+
+OWNER = "agentrl"
+L_OWNER, L_RUN, L_HOST, L_PID, L_START = ("agentrl.owner", "agentrl.run_id", "agentrl.owner_host",
+                                          "agentrl.owner_pid", "agentrl.owner_start")
+L_CREATED, L_TTL, L_SOCK = "agentrl.created_at", "agentrl.ttl_s", "agentrl.sock_dir"
+AGENT_PATH = "/agentrl/agent.py"
+SOCK_DIR = "/agentrl-sock"
+WORKSPACE = "/workspace"
+SANDBOX_UID = 1000
+# argv: TTL, then the command to exec; SIGALRM's default action ends the agent at the TTL (the alarm survives exec).
+_TTL_EXEC = "import os, signal, sys; signal.alarm(int(sys.argv[1])); os.execvp(sys.argv[2], sys.argv[2:])"
+RUN_ID_KEYS = (L_RUN, "agentrl/run-id", "run_id")  # where a caller's labels may carry the run id
+STALE_DIR_S = 300.0  # a socket dir with no container is removed by sweep() only when older than this
+
+
+def _host_id() -> str:
+    return socket.gethostname()
+
+
+def _proc_start(pid: int) -> str | None:
+    """Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat); None when there is no such pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]
+
+
+def _owner_dead(labels: dict[str, str], host: str) -> bool:
+    """True when the container's owner process was on this host and is gone (or its pid now names another
+    process). Owners on other hosts are never judged dead here: only their TTL removes them."""
+    if labels.get(L_HOST) != host or not labels.get(L_PID, "").isdigit():
+        return False
+    start = _proc_start(int(labels[L_PID]))
+    return start is None or start != labels.get(L_START, start)
+
+
+def _expired(labels: dict[str, str], now: float) -> bool:
+    try:
+        return now > float(labels[L_CREATED]) + float(labels[L_TTL])
+    except (KeyError, ValueError):
+        return False
+
+
+def should_remove(labels: dict[str, str], *, now: float, host: str, run_id: str | None, all_runs: bool) -> bool:
+    """The sweep rule for one agentrl container (pure, so it is unit-tested without Docker)."""
+    if labels.get(L_OWNER) != OWNER:
+        return False
+    if all_runs:
+        return True
+    if run_id is not None:
+        return labels.get(L_RUN) == run_id
+    return _expired(labels, now) or _owner_dead(labels, host)
+
+
+def default_socket_root() -> Path:
+    """Where per-sandbox socket dirs live: the temp dir for root, else $XDG_RUNTIME_DIR (a per-user tmpfs)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if os.geteuid() != 0 and runtime and os.path.isdir(runtime):
+        return Path(runtime) / "agentrl-docker"
+    return Path(tempfile.gettempdir()) / f"agentrl-docker-{os.geteuid()}"
+
+
+class DockerBackend:
+    """Sandboxes as containers of one local Docker Engine. Blocking SDK calls run on a private thread pool of
+    `max_workers` threads (also the SDK's connection-pool size), so a slow dockerd never blocks the event loop and
+    never takes more than that many threads. `state_dir` holds the per-sandbox socket dirs (default:
+    `default_socket_root()`); `network` is the Docker network of sandboxes whose spec allows network."""
+
+    name = "docker"
+
+    def __init__(self, *, docker_host: str | None = None, state_dir: str | os.PathLike[str] | None = None, network: str = "bridge",
+                 max_workers: int = 16, api_timeout_s: float = 60.0, start_timeout_s: float = 60.0,
+                 agent_file: Path | None = None) -> None:
+        if docker is None:
+            raise MissingDependencyError("the docker sandbox backend needs the Docker SDK: pip install 'agentrl[docker]'")
+        if max_workers < 1:
+            raise ConfigError(f"DockerBackend max_workers={max_workers}: use 1 or more")
+        self._docker_host = docker_host
+        self._socket_root = (Path(state_dir) if state_dir is not None else default_socket_root()).absolute()
+        self._network = network
+        self._max_workers = max_workers
+        self._api_timeout_s = api_timeout_s
+        self._start_timeout_s = start_timeout_s
+        self._agent_file = Path(agent_file) if agent_file is not None else Path(__file__).with_name("agent.py")
+        self._threads = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="agentrl-docker")
+        self._api: Any = None
+        self._api_lock = asyncio.Lock()
+        self._live: dict[str, SandboxHandle] = {}  # created by this object and not destroyed yet
+        self._host = _host_id()
+        self._pid = os.getpid()
+        self._pid_start = _proc_start(self._pid) or ""
+        self._root_host = os.geteuid() == 0
+        self._user = f"{SANDBOX_UID}:{SANDBOX_UID}" if self._root_host else f"{os.geteuid()}:{os.getegid()}"
+
+    def __repr__(self) -> str:
+        return f"DockerBackend(docker_host={self._docker_host!r}, socket_root={str(self._socket_root)!r})"
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, functools.partial(fn, *args, **kwargs))
+
+    async def api(self) -> Any:
+        """The low-level `docker.APIClient`, created on first use (creating it asks dockerd for its version)."""
+        async with self._api_lock:
+            if self._api is None:
+                self._api = await self._call(self._connect)
+        return self._api
+
+    def _connect(self) -> Any:
+        base_url = self._docker_host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        try:
+            return docker.APIClient(base_url=base_url, version="auto", timeout=int(self._api_timeout_s),
+                                    max_pool_size=self._max_workers)
+        except docker.errors.DockerException as e:
+            raise SandboxStartError(
+                f"Docker Engine not reachable at {base_url} ({e}); start dockerd (as root: .ci/docker-setup.sh), or "
+                "point sandbox.backend.docker_host / DOCKER_HOST at a running local engine") from e
+
+    # ------------------------------------------------------------------ create
+
+    async def create(self, spec: SandboxSpec, labels: dict[str, str]) -> SandboxHandle:
+        """Create and start one container; return once its agent answers /health. Cancellation-safe: a container
+        created by a cancelled or failed call is removed before the exception propagates."""
+        name = f"agentrl-{secrets.token_hex(6)}"
+        sock_dir = self._socket_root / name
+        all_labels = self._labels(spec, labels, sock_dir)
+        handle = SandboxHandle(id=name, backend=self.name, labels=all_labels,
+                               endpoint=AgentEndpoint(kind="unix", address=str(sock_dir / "agent.sock")))
+        self._live[name] = handle
+        try:
+            await self._call(self._make_sock_dir, sock_dir)
+            await self._create_and_start(handle, spec, sock_dir)
+            await self._wait_ready(handle, time.monotonic() + self._start_timeout_s)
+            await self._call(self._lock_sock_dir, sock_dir)
+        except BaseException:
+            await asyncio.shield(self._discard(handle))
+            raise
+        return handle
+
+    def _labels(self, spec: SandboxSpec, labels: dict[str, str], sock_dir: Path) -> dict[str, str]:
+        own = {L_OWNER: OWNER, L_HOST: self._host, L_PID: str(self._pid), L_START: self._pid_start,
+               L_CREATED: f"{time.time():.3f}", L_TTL: str(spec.ttl_s), L_SOCK: str(sock_dir)}
+        run_id = next((labels[k] for k in RUN_ID_KEYS if labels.get(k)), "")
+        return {**{k: str(v) for k, v in labels.items()}, **own, L_RUN: str(run_id)}
+
+    def _make_sock_dir(self, sock_dir: Path) -> None:
+        self._socket_root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        sock_dir.mkdir(mode=0o700)
+        if self._root_host:
+            os.chown(sock_dir, SANDBOX_UID, SANDBOX_UID)
+
+    def _lock_sock_dir(self, sock_dir: Path) -> None:
+        """After the agent bound its socket: the sandbox uid may no longer create files in the directory."""
+        if self._root_host:
+            os.chown(sock_dir, 0, 0)
+            os.chmod(sock_dir, 0o711)
+
+    async def _create_and_start(self, handle: SandboxHandle, spec: SandboxSpec, sock_dir: Path) -> None:
+        api = await self.api()
+        t0 = time.monotonic()
+        try:
+            await self._call(api.create_container, **self._container_config(api, handle, spec, sock_dir))
+        except docker.errors.ImageNotFound as e:
+            raise ConfigError(
+                f"sandbox image {spec.image!r} not found in the Docker Engine: build it with "
+                "`sandbox_images/build.sh --offline-base` (or set sandbox.spec.image to an image that exists)") from e
+        except docker.errors.APIError as e:
+            raise SandboxStartError(f"docker create {handle.id} ({spec.image}) failed: {e.explanation or e}") from e
+        t1 = time.monotonic()
+        try:
+            await self._call(api.start, handle.id)
+        except docker.errors.APIError as e:
+            raise SandboxStartError(f"docker start {handle.id} ({spec.image}) failed: {e.explanation or e}") from e
+        handle.timings.update(create_s=t1 - t0, start_s=time.monotonic() - t1)
+
+    def _container_config(self, api: Any, handle: SandboxHandle, spec: SandboxSpec, sock_dir: Path) -> dict:
+        uid, gid = self._user.split(":")
+        tmpfs_opts = f"size={spec.disk_bytes},uid={uid},gid={gid},mode=0755,exec"
+        host_config = api.create_host_config(
+            binds={str(self._agent_file): {"bind": AGENT_PATH, "mode": "ro"},
+                   str(sock_dir): {"bind": SOCK_DIR, "mode": "rw"}},
+            tmpfs={WORKSPACE: tmpfs_opts, "/tmp": f"size={spec.disk_bytes},mode=1777,exec"},
+            nano_cpus=int(spec.cpus * 1e9), mem_limit=spec.memory_bytes, memswap_limit=spec.memory_bytes,
+            pids_limit=spec.pids, network_mode=self._network if spec.network else "none",
+            read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"], init=True,
+            ulimits=[Ulimit(name="core", soft=0, hard=0), Ulimit(name="nofile", soft=4096, hard=4096)],
+            log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
+        )
+        agent = ["python3", AGENT_PATH, "--unix", f"{SOCK_DIR}/agent.sock", "--workspace", WORKSPACE]
+        return {"image": spec.image, "name": handle.id, "command": ["python3", "-c", _TTL_EXEC, str(spec.ttl_s), *agent],
+                "user": self._user, "working_dir": WORKSPACE, "hostname": "sandbox", "labels": handle.labels,
+                "environment": {"HOME": WORKSPACE}, "host_config": host_config}
+
+    async def _wait_ready(self, handle: SandboxHandle, deadline: float) -> None:
+        """Wait for the agent's socket, then for /health. Watches the container state about once a second so an
+        agent that cannot start fails fast with its log instead of waiting for the deadline."""
+        t0 = time.monotonic()
+        sock = Path(handle.endpoint.address)
+        delay, next_state = 0.002, t0 + 0.5
+        while True:
+            if sock.exists() and await self._healthy(handle.endpoint):
+                handle.timings["agent_ready_s"] = time.monotonic() - t0
+                return
+            now = time.monotonic()
+            if now >= next_state:
+                next_state = now + 1.0
+                await self._raise_if_exited(handle)
+            if now >= deadline:
+                raise SandboxStartError(f"agent in container {handle.id} did not answer within "
+                                        f"{self._start_timeout_s:.0f}s; log: {await self._log_tail(handle)}")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    @staticmethod
+    async def _healthy(endpoint: AgentEndpoint) -> bool:
+        client = AgentClient(endpoint, max_connections=1, connect_timeout_s=2.0)
+        try:
+            status, obj = await client.request("GET", "/health", None, timeout=5.0)
+            return status == 200 and obj.get("ok") is True
+        except SandboxDiedError:
+            return False
+        finally:
+            await client.close()
+
+    async def _raise_if_exited(self, handle: SandboxHandle) -> None:
+        state = await self._state(handle)
+        if state is not None and not state.get("Running"):
+            raise SandboxStartError(f"container {handle.id} exited with {state.get('ExitCode')} before its agent "
+                                    f"answered; log: {await self._log_tail(handle)}")
+
+    async def _log_tail(self, handle: SandboxHandle) -> str:
+        try:
+            raw = await self._call((await self.api()).logs, handle.id, tail=20)
+        except Exception as e:  # diagnostics only: never mask the original failure
+            return f"<no log: {e}>"
+        return raw.decode("utf-8", "replace").strip()[-2000:] or "<empty>"
+
+    # ------------------------------------------------------------------ watch / remove
+
+    async def _state(self, handle: SandboxHandle) -> dict[str, Any] | None:
+        """The container's State from docker inspect; None when it does not exist."""
+        try:
+            info = await self._call((await self.api()).inspect_container, handle.id)
+        except docker.errors.NotFound:
+            return None
+        return info.get("State") or {}
+
+    async def alive(self, handle: SandboxHandle) -> bool:
+        """Running per dockerd; when dockerd itself does not answer, whether the agent does."""
+        try:
+            state = await self._state(handle)
+        except (docker.errors.DockerException, OSError, SandboxStartError):
+            return await self._healthy(handle.endpoint)
+        return bool(state and state.get("Running") and not state.get("Restarting"))
+
+    async def oom_kills(self, handle: SandboxHandle) -> int:
+        """How many times the kernel's OOM killer fired in this container's cgroup since it was created (Docker
+        'oom' events). A command that died with SIGKILL (exit code -9 / 137) was killed for memory when this grew."""
+        api = await self.api()
+        since = int(float(handle.labels.get(L_CREATED, "0"))) - 1
+        filters = {"container": handle.id, "event": "oom", "type": "container"}
+        events = await self._call(lambda: list(api.events(since=since, until=int(time.time()) + 1, filters=filters,
+                                                          decode=True)))
+        return len(events)
+
+    async def destroy(self, handle: SandboxHandle) -> None:
+        """Remove the container (SIGKILL, no grace: the trajectory is over) and its socket dir. Idempotent."""
+        try:
+            await self._remove(handle.id)
+        finally:
+            self._live.pop(handle.id, None)
+            await self._call(self._remove_sock_dir, handle.labels.get(L_SOCK))
+
+    async def _discard(self, handle: SandboxHandle) -> None:
+        """Best-effort removal after a failed or cancelled create (the original error is what matters)."""
+        try:
+            await self.destroy(handle)
+        except Exception as e:
+            log.warning("could not remove half-created sandbox %s: %s (agentrl sandbox gc removes it)", handle.id, e)
+
+    async def _remove(self, container: str) -> None:
+        api = await self.api()
+        try:
+            await self._call(api.remove_container, container, force=True, v=True)
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as e:
+            if e.status_code == 409 and "already in progress" in str(e.explanation):
+                return
+            raise SandboxError(f"docker rm -f {container} failed: {e.explanation or e}") from e
+
+    def _remove_sock_dir(self, path: str | None) -> None:
+        """Remove a socket dir, but only one of ours (a label is data, not a path to trust blindly)."""
+        if not path:
+            return
+        target = Path(path)
+        if target.parent == self._socket_root and target.name.startswith("agentrl-"):
+            shutil.rmtree(target, ignore_errors=True)
+
+    async def sweep(self, *, run_id: str | None = None, all_runs: bool = False) -> int:
+        """Remove agentrl containers and return how many: with neither argument, orphans (TTL passed, or owner
+        process on this host gone); with `run_id`, every container of that run; with `all_runs`, every one."""
+        api = await self.api()
+        found = await self._call(api.containers, all=True, filters={"label": f"{L_OWNER}={OWNER}"})
+        now = time.time()
+        doomed = [c for c in found if should_remove(c.get("Labels") or {}, now=now, host=self._host,
+                                                    run_id=run_id, all_runs=all_runs)]
+        results = await asyncio.gather(*(self._remove(c["Id"]) for c in doomed), return_exceptions=True)
+        removed = 0
+        for c, result in zip(doomed, results):
+            if isinstance(result, BaseException):
+                log.warning("sweep: could not remove container %s: %s", c["Id"][:12], result)
+                continue
+            removed += 1
+            await self._call(self._remove_sock_dir, (c.get("Labels") or {}).get(L_SOCK))
+        live = {n.lstrip("/") for c in found if c not in doomed for n in c.get("Names") or []}
+        await self._call(self._sweep_stale_dirs, live, now)
+        return removed
+
+    def _sweep_stale_dirs(self, live: set[str], now: float) -> None:
+        """Socket dirs whose container is gone (removed outside agentrl) and that are old enough not to belong
+        to a create in progress."""
+        if not self._socket_root.is_dir():
+            return
+        for d in self._socket_root.iterdir():
+            try:
+                stale = d.name not in live and now - d.lstat().st_mtime > STALE_DIR_S
+            except OSError:
+                continue
+            if stale:
+                self._remove_sock_dir(str(d))
+
+    async def close(self) -> None:
+        """Destroy every sandbox this object created and has not destroyed yet, then close the API client and
+        stop the thread pool."""
+        live = list(self._live.values())
+        results = await asyncio.gather(*(self.destroy(h) for h in live), return_exceptions=True)
+        for handle, result in zip(live, results):
+            if isinstance(result, BaseException):
+                log.warning("could not remove sandbox %s on close: %s (agentrl sandbox gc removes it)", handle.id, result)
+        api, self._api = self._api, None
+        if api is not None:
+            await self._call(api.close)
+        await asyncio.to_thread(self._threads.shutdown, wait=True)

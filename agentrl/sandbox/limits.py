@@ -1,0 +1,250 @@
+"""Resource limits of local sandboxes: cgroup v2, cgroup v1, or rlimits, chosen once per backend.
+
+Owns: detecting which mechanism works on this host, creating one cgroup per sandbox with its memory / pids / CPU
+limits, the launch wrapper that puts the sandbox's first process into that cgroup and sets rlimits before it
+execs bubblewrap, and killing + removing a sandbox's cgroup. Does not own: namespaces (local.py) or the agent.
+
+The launch wrapper is `/bin/sh -c JOIN sh <cgroup.procs files> -- prlimit --X=N ... -- <command>` rather than a
+Python `preexec_fn`, so `subprocess` keeps using vfork (a fork of a process holding a model costs milliseconds
+and blocks the event loop). All functions here do blocking file I/O: call them through `asyncio.to_thread`.
+
+    mode       memory                      pids               cpu              disk
+    cgroup2    memory.max, swap.max=0      pids.max           cpu.max          (tmpfs size, RLIMIT_FSIZE)
+    cgroup1    memory.limit_in_bytes(+sw)  pids.max           cfs_quota_us     (tmpfs size, RLIMIT_FSIZE)
+    rlimit     RLIMIT_AS per process       RLIMIT_NPROC (*)   RLIMIT_CPU (s)   (tmpfs size, RLIMIT_FSIZE)
+
+(*) the kernel does not enforce RLIMIT_NPROC for processes of host uid 0, so `enforces_pids` is False when the
+    sandboxes run as root on the host and only rlimits are available.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentrl.sandbox.base import SandboxSpec
+
+log = logging.getLogger("agentrl.sandbox")
+
+CPU_PERIOD_US = 100_000
+# Joins every cgroup.procs file given before "--" (writing 0 moves the writing process), then execs the rest.
+_JOIN = 'while [ "$1" != "--" ]; do echo 0 > "$1" || exit 125; shift; done; shift; exec "$@"'
+MODES = ("auto", "cgroup2", "cgroup1", "rlimit")
+
+
+@dataclass(frozen=True)
+class LimitPlan:
+    """The limits of one sandbox: the cgroups created for it and the rlimits its first process gets."""
+
+    mode: str
+    cgroups: tuple[str, ...] = ()  # directories; the first one's cgroup.procs lists every process
+    rlimits: tuple[tuple[str, int], ...] = ()  # (prlimit option name, value)
+    prlimit: str | None = None
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """`argv` prefixed with the cgroup-join shell and prlimit."""
+        if self.rlimits and self.prlimit:
+            argv = [self.prlimit, *(f"--{name}={value}" for name, value in self.rlimits), "--", *argv]
+        if self.cgroups:
+            argv = ["/bin/sh", "-c", _JOIN, "sh", *(f"{cg}/cgroup.procs" for cg in self.cgroups), "--", *argv]
+        return argv
+
+
+@dataclass
+class Limiter:
+    """Creates per-sandbox limits with one mechanism. `parents` are the cgroup dirs sandboxes are created under."""
+
+    mode: str
+    parents: tuple[str, ...] = ()
+    prlimit: str | None = field(default_factory=lambda: shutil.which("prlimit"))
+
+    @property
+    def enforces_pids(self) -> bool:
+        return self.mode != "rlimit" or os.geteuid() != 0
+
+    def prepare(self, sandbox_id: str, spec: SandboxSpec) -> LimitPlan:
+        """Create the sandbox's cgroups (if any) with its limits; return how to launch into them."""
+        rlimits = [("core", 0), ("fsize", spec.disk_bytes)]
+        if self.mode == "rlimit":
+            cpu_s = max(1, math.ceil(spec.ttl_s * spec.cpus))
+            rlimits += [("as", spec.memory_bytes), ("nproc", spec.pids), ("cpu", cpu_s)]
+            return LimitPlan(self.mode, (), tuple(rlimits), self.prlimit)
+        dirs = []
+        try:
+            for parent in self.parents:
+                path = os.path.join(parent, sandbox_id)
+                os.mkdir(path)
+                dirs.append(path)
+                _apply(self.mode, path, spec)
+        except OSError:
+            remove_cgroups(dirs)
+            raise
+        # pids first: its cgroup.procs is the authoritative process list used by kill_cgroups
+        dirs.sort(key=lambda d: 0 if "/pids" in d or self.mode == "cgroup2" else 1)
+        return LimitPlan(self.mode, tuple(dirs), tuple(rlimits), self.prlimit)
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _apply(mode: str, path: str, spec: SandboxSpec) -> None:
+    p = Path(path)
+    quota = max(1000, int(spec.cpus * CPU_PERIOD_US))
+    if mode == "cgroup2":
+        _write(f"{path}/memory.max", str(spec.memory_bytes))
+        if (p / "memory.swap.max").exists():
+            _write(f"{path}/memory.swap.max", "0")
+        _write(f"{path}/pids.max", str(spec.pids))
+        if (p / "cpu.max").exists():
+            _write(f"{path}/cpu.max", f"{quota} {CPU_PERIOD_US}")
+        return
+    if (p / "memory.limit_in_bytes").exists():
+        _write(f"{path}/memory.limit_in_bytes", str(spec.memory_bytes))
+        try:  # memory+swap: exists only with swap accounting
+            _write(f"{path}/memory.memsw.limit_in_bytes", str(spec.memory_bytes))
+        except OSError:
+            pass
+    if (p / "pids.max").exists():
+        _write(f"{path}/pids.max", str(spec.pids))
+    if (p / "cpu.cfs_quota_us").exists():
+        _write(f"{path}/cpu.cfs_period_us", str(CPU_PERIOD_US))
+        _write(f"{path}/cpu.cfs_quota_us", str(quota))
+
+
+# ---------------------------------------------------------------- detection
+
+
+def detect(preference: str = "auto", cgroup_root: str = "/sys/fs/cgroup") -> Limiter:
+    """The first mechanism in cgroup2, cgroup1, rlimit that works here (or exactly `preference`). Logs the choice."""
+    if preference not in MODES:
+        raise ValueError(f"limits={preference!r}: choose one of {', '.join(MODES)}")
+    tried: list[str] = []
+    for mode, probe in (("cgroup2", _probe_v2), ("cgroup1", _probe_v1)):
+        if preference not in ("auto", mode):
+            continue
+        try:
+            parents = probe(cgroup_root)
+            log.info("sandbox limits: %s under %s", mode, ", ".join(parents))
+            return Limiter(mode, parents)
+        except (OSError, ValueError) as e:
+            tried.append(f"{mode}: {e}")
+    if preference not in ("auto", "rlimit"):
+        raise ValueError(f"limits={preference!r} is not usable here ({'; '.join(tried)}); use limits='auto'")
+    limiter = Limiter("rlimit")
+    log.warning("sandbox limits: rlimits only (no writable cgroup with memory+pids: %s); memory is per process, "
+                "CPU is a time budget not a rate%s", "; ".join(tried) or "skipped",
+                "" if limiter.enforces_pids else ", and the pids limit is NOT enforced for host uid 0")
+    if limiter.prlimit is None:
+        log.warning("prlimit (util-linux) not found: sandboxes start without rlimits")
+    return limiter
+
+
+def _probe_v2(root: str) -> tuple[str, ...]:
+    controllers = Path(root, "cgroup.controllers").read_text().split()
+    missing = {"memory", "pids"} - set(controllers)
+    if missing:
+        raise ValueError(f"{root} lacks controllers {sorted(missing)}")
+    wanted = " ".join(f"+{c}" for c in ("memory", "pids", "cpu") if c in controllers)
+    parent = Path(root, "agentrl")
+    parent.mkdir(exist_ok=True)
+    enabled = Path(root, "cgroup.subtree_control").read_text().split()
+    if not {"memory", "pids"} <= set(enabled):
+        _write(f"{root}/cgroup.subtree_control", wanted)
+    _write(f"{parent}/cgroup.subtree_control", wanted)
+    _probe_child(str(parent), "pids.max")
+    return (str(parent),)
+
+
+def _own_v1_paths() -> dict[str, str]:
+    own: dict[str, str] = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        for ctrl in ctrls.split(","):
+            own[ctrl] = path
+    return own
+
+
+def _probe_v1(root: str) -> tuple[str, ...]:
+    own = _own_v1_paths()
+    parents = []
+    for ctrl, probe_file in (("memory", "memory.limit_in_bytes"), ("pids", "pids.max"), ("cpu", "cpu.cfs_quota_us")):
+        hier = Path(root, ctrl)
+        if not (hier / "cgroup.procs").exists() or (hier / "cgroup.controllers").exists():
+            if ctrl == "cpu":
+                continue  # CPU rate limiting is optional
+            raise ValueError(f"no cgroup v1 {ctrl} hierarchy at {hier}")
+        parent = Path(str(hier) + own.get(ctrl, "/").rstrip("/"), "agentrl")
+        parent.mkdir(exist_ok=True)
+        _probe_child(str(parent), probe_file)
+        parents.append(str(parent))
+    return tuple(parents)
+
+
+def _probe_child(parent: str, probe_file: str) -> None:
+    child = Path(parent, f"probe-{os.getpid()}")
+    child.mkdir(exist_ok=True)
+    try:
+        if not (child / probe_file).exists():
+            raise ValueError(f"{child} has no {probe_file}")
+    finally:
+        child.rmdir()
+
+
+# ---------------------------------------------------------------- teardown
+
+
+def _pids(cgroup: str) -> list[int]:
+    try:
+        return [int(p) for p in Path(cgroup, "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def kill_cgroups(cgroups: tuple[str, ...] | list[str], *, deadline_s: float = 5.0) -> None:
+    """SIGKILL every process in the sandbox's cgroups until they are empty (or the deadline passes)."""
+    if not cgroups:
+        return
+    first = cgroups[0]
+    if os.path.exists(f"{first}/cgroup.kill"):
+        try:
+            _write(f"{first}/cgroup.kill", "1")
+        except OSError:
+            pass
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        pids = _pids(first)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.005)
+    log.warning("processes still in cgroup %s after %.1fs", first, deadline_s)
+
+
+def remove_cgroups(cgroups: tuple[str, ...] | list[str], *, deadline_s: float = 5.0) -> None:
+    """Kill what is left and rmdir each cgroup, retrying while the kernel finishes tearing processes down."""
+    kill_cgroups(cgroups, deadline_s=deadline_s)
+    for cg in cgroups:
+        end = time.monotonic() + deadline_s
+        while True:
+            try:
+                os.rmdir(cg)
+                break
+            except FileNotFoundError:
+                break
+            except OSError as e:
+                if time.monotonic() > end:
+                    log.warning("could not remove cgroup %s: %s", cg, e)
+                    break
+                time.sleep(0.01)

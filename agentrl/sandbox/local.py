@@ -1,0 +1,389 @@
+"""LocalBackend ("local"): one in-sandbox agent process per sandbox, isolated with bubblewrap.
+
+Owns: the bubblewrap command line (namespaces, read-only system binds, private tmpfs workspace and /tmp), starting
+the agent and waiting for its ready line, per-sandbox state files (owner pid, run id, created-at, TTL) under a state
+root, destroying sandboxes (idempotent) and sweeping orphans. Limits come from `limits.py`. Does not own: commands
+or files inside the sandbox (the agent, via client.py) or leasing (pool.py).
+
+Each sandbox gets `<state root>/<id>/` on the host:
+
+    state.json   owner pid + its start time, run id, labels, created_at, ttl_s, pid of bwrap, cgroups
+    run/         bound at /.agentrl/run inside; holds the agent's unix socket agent.sock
+    agent.log    stderr of bwrap and the agent (read back when a start fails)
+    passwd,group bound read-only over /etc/passwd and /etc/group (uid 1000 "agent")
+
+Inside: uid/gid 1000 in a fresh user namespace (no capabilities on the host), new pid/net/ipc/uts namespaces,
+read-only /usr (and /bin, /lib* links), a few files of /etc, a size-limited tmpfs at /workspace, /tmp and /dev/shm,
+minimal /dev and /proc; no /root, /home, /work or other host directories unless `ro_binds` names them.
+Killing bwrap (our child) kills the sandbox's pid namespace (--die-with-parent); cgroups catch the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentrl.errors import ConfigError, MissingDependencyError, SandboxStartError
+from agentrl.sandbox import limits
+from agentrl.sandbox.agent import READY_LINE
+from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
+
+log = logging.getLogger("agentrl.sandbox")
+
+SANDBOX_UID = 1000
+AGENT_DIR = "/.agentrl"
+WORKSPACE = "/workspace"
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "timezone", "hosts",
+             "nsswitch.conf", "ssl", "ca-certificates", "mime.types", "os-release", "debian_version")
+ORPHAN_DIR_AGE_S = 120.0  # a sandbox dir without a state file older than this is debris of a crashed start
+INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install -y bubblewrap)"
+
+
+@dataclass
+class _Live:
+    """A sandbox started by this backend object."""
+
+    proc: asyncio.subprocess.Process
+    path: Path
+    plan: limits.LimitPlan
+
+
+def default_state_root() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return Path(runtime, "agentrl-sandboxes")
+    return Path(tempfile.gettempdir(), f"agentrl-sandboxes-{os.geteuid()}")
+
+
+def process_start(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot (guards against pid reuse); None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _alive(pid: int | None, start: int | None) -> bool:
+    return pid is not None and process_start(pid) == start
+
+
+class LocalBackend:
+    """Sandboxes as bubblewrap-isolated local processes. See the module docstring for the layout."""
+
+    name = "local"
+
+    def __init__(self, *, state_dir: str | os.PathLike[str] | None = None, unsafe_no_isolation: bool = False,
+                 bwrap: str = "bwrap", search_path: str | None = None, python: str | None = None,
+                 ro_binds: Sequence[str] = (), share_host_python: bool = False, limits_mode: str = "auto",
+                 start_timeout_s: float = 30.0) -> None:
+        if limits_mode not in limits.MODES:
+            raise ConfigError(f"limits_mode={limits_mode!r}: choose one of {', '.join(limits.MODES)}")
+        self.state_root = Path(state_dir) if state_dir is not None else default_state_root()
+        self.unsafe = unsafe_no_isolation
+        self.bwrap = shutil.which(bwrap, path=search_path)
+        if self.bwrap is None and not self.unsafe:
+            raise MissingDependencyError(
+                f"bubblewrap ({bwrap!r}) not found on PATH: {INSTALL_HINT}, or create the backend with "
+                "unsafe_no_isolation=True to run sandboxes as plain processes (no isolation at all)")
+        if self.unsafe:
+            log.warning("LocalBackend(unsafe_no_isolation=True): sandboxes are PLAIN PROCESSES on this host with "
+                        "full access to its files and network. Use only for trusted code.")
+        self.python = python or ("/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
+        self.ro_binds = tuple(str(Path(p).resolve()) for p in ro_binds)
+        self.path_prepend: tuple[str, ...] = ()
+        if share_host_python:
+            self.ro_binds += (str(Path(sys.prefix).resolve()), str(Path(sys.base_prefix).resolve()))
+            self.path_prepend = (str(Path(sys.prefix, "bin")),)
+        self.start_timeout_s = start_timeout_s
+        self._limits_mode = limits_mode
+        self._limiter: limits.Limiter | None = None
+        self._limiter_lock = threading.Lock()  # detection runs in worker threads (blocking cgroupfs I/O)
+        self._live: dict[str, _Live] = {}
+        self._agent_file = str(Path(__file__).with_name("agent.py"))
+        if len(str(self.state_root / ("0" * 12) / "run" / "agent.sock")) > 100:
+            raise ConfigError(f"state_dir {self.state_root} is too long for a unix socket path (108 bytes): "
+                              "pass a shorter state_dir")
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def limiter(self) -> limits.Limiter:
+        with self._limiter_lock:
+            if self._limiter is None:
+                self._limiter = limits.detect(self._limits_mode)
+            return self._limiter
+
+    @property
+    def limits_mode(self) -> str:
+        return self.limiter.mode
+
+    @property
+    def enforces_pids(self) -> bool:
+        return self.limiter.enforces_pids
+
+    # ------------------------------------------------------------ create
+
+    async def create(self, spec: SandboxSpec, labels: dict[str, str]) -> SandboxHandle:
+        """Start one sandbox; return once its agent listens (it printed its ready line)."""
+        sid = uuid.uuid4().hex[:12]
+        path = self.state_root / sid
+        t0 = time.monotonic()
+        plan: limits.LimitPlan | None = None
+        proc: asyncio.subprocess.Process | None = None
+        try:
+            plan, log_fd = await asyncio.to_thread(self._prepare, sid, path, spec, labels)
+            try:
+                proc = await self._spawn(plan.wrap(self._argv(spec, path)), path, log_fd)
+            finally:
+                os.close(log_fd)
+            self._live[sid] = _Live(proc, path, plan)
+            t1 = time.monotonic()
+            await asyncio.to_thread(self._record_pid, path, proc.pid)
+            await self._wait_ready(sid, proc, path)
+        except BaseException as e:
+            await asyncio.shield(self._teardown(sid, path, plan, proc))
+            if isinstance(e, (OSError, asyncio.TimeoutError)):
+                raise SandboxStartError(f"sandbox {sid} failed to start: {type(e).__name__}: {e}") from e
+            raise
+        t2 = time.monotonic()
+        endpoint = AgentEndpoint(kind="unix", address=str(path / "run" / "agent.sock"))
+        return SandboxHandle(id=sid, backend=self.name, endpoint=endpoint, labels=dict(labels),
+                             timings={"create_s": t1 - t0, "start_s": t2 - t1, "agent_ready_s": t2 - t0})
+
+    def _prepare(self, sid: str, path: Path, spec: SandboxSpec, labels: dict[str, str]) -> tuple[limits.LimitPlan, int]:
+        self.state_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.mkdir(mode=0o700)
+        (path / "run").mkdir(mode=0o700)
+        if self.unsafe:
+            (path / "workspace").mkdir(mode=0o700)
+        (path / "passwd").write_text(f"root:x:0:0:root:/root:/bin/sh\nagent:x:{SANDBOX_UID}:{SANDBOX_UID}:agent:"
+                                     f"{WORKSPACE}:/bin/sh\nnobody:x:65534:65534:nobody:/:/usr/sbin/nologin\n")
+        (path / "group").write_text(f"root:x:0:\nagent:x:{SANDBOX_UID}:\nnogroup:x:65534:\n")
+        state = {"id": sid, "backend": self.name, "owner_pid": os.getpid(), "owner_start": process_start(os.getpid()),
+                 "owner_host": socket.gethostname(), "run_id": labels.get("agentrl/run-id"), "labels": labels,
+                 "created_at": time.time(), "ttl_s": spec.ttl_s, "pid": None, "pid_start": None,
+                 "cgroups": [], "unsafe": self.unsafe}
+        self._write_state(path, state)  # before any process exists, so a crash from here on is sweepable
+        plan = self.limiter.prepare(sid, spec)
+        self._write_state(path, {**state, "cgroups": list(plan.cgroups), "limits": plan.mode})
+        return plan, os.open(path / "agent.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    @staticmethod
+    def _write_state(path: Path, state: dict) -> None:
+        tmp = path / "state.json.tmp"
+        tmp.write_text(json.dumps(state))
+        tmp.replace(path / "state.json")
+
+    def _record_pid(self, path: Path, pid: int) -> None:
+        state = json.loads((path / "state.json").read_text())
+        self._write_state(path, {**state, "pid": pid, "pid_start": process_start(pid)})
+
+    def _argv(self, spec: SandboxSpec, path: Path) -> list[str]:
+        if self.unsafe:
+            return [self.python, "-I", "-S", self._agent_file, "--unix", str(path / "run" / "agent.sock"),
+                    "--workspace", str(path / "workspace")]
+        agent = [self.python, "-I", "-S", f"{AGENT_DIR}/agent.py", "--unix", f"{AGENT_DIR}/run/agent.sock",
+                 "--workspace", WORKSPACE]
+        return [self.bwrap, *self._namespace_args(spec), *self._mount_args(spec, path), *self._env_args(),
+                "--chdir", WORKSPACE, "--", *agent]
+
+    @staticmethod
+    def _namespace_args(spec: SandboxSpec) -> list[str]:
+        args = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--disable-userns",
+                "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox",
+                "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+        if not spec.network:
+            args.append("--unshare-net")
+        return args
+
+    def _mount_args(self, spec: SandboxSpec, path: Path) -> list[str]:
+        args: list[str] = []
+        for d in SYSTEM_DIRS:
+            if os.path.islink(d):
+                args += ["--symlink", os.readlink(d), d]
+            elif os.path.isdir(d):
+                args += ["--ro-bind", d, d]
+        for name in ETC_FILES + (("resolv.conf",) if spec.network else ()):
+            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        for extra in self.ro_binds + self._interpreter_binds():
+            args += ["--ro-bind", extra, extra]
+        disk = str(spec.disk_bytes)
+        shm = str(min(spec.disk_bytes, 64 * 1024 * 1024))
+        args += ["--ro-bind", str(path / "passwd"), "/etc/passwd", "--ro-bind", str(path / "group"), "/etc/group",
+                 "--proc", "/proc", "--dev", "/dev", "--size", shm, "--tmpfs", "/dev/shm",
+                 "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs", WORKSPACE,
+                 "--ro-bind", self._agent_file, f"{AGENT_DIR}/agent.py",
+                 "--bind", str(path / "run"), f"{AGENT_DIR}/run",
+                 "--remount-ro", "/"]  # the root tmpfs bwrap builds would otherwise be writable (and unlimited)
+        return args
+
+    def _interpreter_binds(self) -> tuple[str, ...]:
+        """The agent's interpreter must be visible: outside /usr, bind its installation prefix read-only."""
+        real = os.path.realpath(self.python)
+        if real.startswith("/usr/") or any(real.startswith(b + "/") for b in self.ro_binds):
+            return ()
+        return (str(Path(real).parent.parent),)
+
+    def _env(self, home: str) -> dict[str, str]:
+        """The whole environment of the agent and its commands (nothing of the host's leaks in: no tokens)."""
+        path = ":".join((*self.path_prepend, "/usr/local/bin", "/usr/bin", "/bin"))
+        return {"PATH": path, "HOME": home, "USER": "agent", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+
+    def _env_args(self) -> list[str]:
+        args = ["--clearenv"]
+        for key, value in self._env(WORKSPACE).items():
+            args += ["--setenv", key, value]
+        return args
+
+    async def _spawn(self, argv: list[str], path: Path, log_fd: int) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=log_fd,
+            start_new_session=True, cwd=str(path), env=self._env(str(path / "workspace")))
+
+    async def _wait_ready(self, sid: str, proc: asyncio.subprocess.Process, path: Path) -> None:
+        try:
+            async with asyncio.timeout(self.start_timeout_s):
+                line = await proc.stdout.readline()
+        except TimeoutError:
+            raise SandboxStartError(
+                f"sandbox {sid}: agent not ready within {self.start_timeout_s}s; log: {self._log_tail(path)}") from None
+        if line.decode(errors="replace").strip() != READY_LINE:
+            await proc.wait()
+            raise SandboxStartError(f"sandbox {sid} exited during start (code {proc.returncode}): "
+                                    f"{self._log_tail(path)}")
+
+    @staticmethod
+    def _log_tail(path: Path) -> str:
+        try:
+            return (path / "agent.log").read_text(errors="replace")[-2000:].strip() or "(empty)"
+        except OSError:
+            return "(no log)"
+
+    # ------------------------------------------------------------ destroy / alive
+
+    async def destroy(self, handle: SandboxHandle) -> None:
+        """Kill the sandbox's processes and remove its cgroups and directory. Idempotent."""
+        live = self._live.get(handle.id)
+        if live is None:
+            await asyncio.to_thread(self._reap_foreign, self.state_root / handle.id)
+            return
+        await self._teardown(handle.id, live.path, live.plan, live.proc)
+
+    async def _teardown(self, sid: str, path: Path, plan: limits.LimitPlan | None,
+                        proc: asyncio.subprocess.Process | None) -> None:
+        if proc is not None and proc.returncode is None:
+            await self._kill(proc)
+        self._live.pop(sid, None)
+        cgroups = plan.cgroups if plan is not None else ()
+        await asyncio.to_thread(self._remove, path, cgroups)
+
+    async def _kill(self, proc: asyncio.subprocess.Process) -> None:
+        if self.unsafe:  # the agent's commands run in their own sessions: let it kill them first
+            proc.terminate()
+            try:
+                async with asyncio.timeout(1.0):
+                    await proc.wait()
+                return
+            except TimeoutError:
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        await proc.wait()
+
+    @staticmethod
+    def _remove(path: Path, cgroups: Sequence[str]) -> None:
+        limits.remove_cgroups(list(cgroups))
+        shutil.rmtree(path, ignore_errors=True)
+
+    def _reap_foreign(self, path: Path) -> None:
+        """Destroy a sandbox this object did not start, from its state file."""
+        try:
+            state = json.loads((path / "state.json").read_text())
+        except (OSError, ValueError):
+            state = {}
+        pid, start = state.get("pid"), state.get("pid_start")
+        if _alive(pid, start):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._remove(path, state.get("cgroups") or [])
+
+    async def alive(self, handle: SandboxHandle) -> bool:
+        live = self._live.get(handle.id)
+        if live is not None:
+            return live.proc.returncode is None
+        state = await asyncio.to_thread(self._read_state, self.state_root / handle.id)
+        return state is not None and _alive(state.get("pid"), state.get("pid_start"))
+
+    @staticmethod
+    def _read_state(path: Path) -> dict | None:
+        try:
+            return json.loads((path / "state.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    # ------------------------------------------------------------ sweep / close
+
+    async def sweep(self, *, run_id: str | None = None, all_runs: bool = False) -> int:
+        """Remove sandboxes under the state root and return how many: with neither argument, orphans (owner process
+        dead, or TTL passed); with `run_id`, every sandbox of that run; with `all_runs`, every sandbox."""
+        victims = await asyncio.to_thread(self._victims, run_id, all_runs)
+        for sid in victims:
+            live = self._live.get(sid)
+            if live is not None:
+                await self._teardown(sid, live.path, live.plan, live.proc)
+            else:
+                await asyncio.to_thread(self._reap_foreign, self.state_root / sid)
+        if victims:
+            log.info("swept %d sandbox(es) from %s", len(victims), self.state_root)
+        return len(victims)
+
+    def _victims(self, run_id: str | None, all_runs: bool) -> list[str]:
+        if not self.state_root.is_dir():
+            return []
+        now = time.time()
+        out = []
+        for path in self.state_root.iterdir():
+            if not path.is_dir():
+                continue
+            state = self._read_state(path)
+            if state is None:
+                if now - path.stat().st_mtime > ORPHAN_DIR_AGE_S:
+                    out.append(path.name)
+                continue
+            if all_runs or (run_id is not None and state.get("run_id") == run_id):
+                out.append(path.name)
+            elif run_id is None and self._orphaned(state, now):
+                out.append(path.name)
+        return out
+
+    @staticmethod
+    def _orphaned(state: dict, now: float) -> bool:
+        if now > state.get("created_at", 0) + state.get("ttl_s", 0):
+            return True
+        if state.get("owner_host") != socket.gethostname():
+            return False  # a state root shared across hosts: only TTL applies to another host's sandboxes
+        return not _alive(state.get("owner_pid"), state.get("owner_start"))
+
+    async def close(self) -> None:
+        """Destroy every sandbox this backend started and has not destroyed yet."""
+        for sid, live in list(self._live.items()):
+            await self._teardown(sid, live.path, live.plan, live.proc)

@@ -1,0 +1,290 @@
+"""SandboxPool: leases of fresh sandboxes from a warm pool, with a concurrency limit and leak-proof cleanup.
+
+Owns: resolving a backend by name, the start-up sweep of orphans, one sandbox per lease (destroyed afterwards, never
+reused), background refill of `warm` ready sandboxes, health-checking warm sandboxes before handing them out,
+cleanup under cancellation, and per-lease timings/counters (`stats()`). Does not own: how sandboxes are created
+(backends) or what is done inside them (`Sandbox`).
+
+    async with SandboxPool(backend="local", spec=SandboxSpec(), warm=4, max_sandboxes=16) as pool:
+        async with pool.lease() as sb:      # waits while max_sandboxes leases are out
+            await sb.exec("echo hi")
+
+Ordering: a lease takes a ready warm sandbox if there is one, else starts one itself (cold) instead of waiting for
+the refiller. Pool exit stops the refillers (a create in flight cleans up after itself), destroys warm and still-
+leased sandboxes and waits for every destroy in flight, then closes a backend it created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import socket
+import statistics
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from agentrl.errors import ConfigError, MissingDependencyError, SandboxError, SandboxStartError
+from agentrl.sandbox.base import SandboxBackend, SandboxSpec
+from agentrl.sandbox.client import Sandbox
+
+log = logging.getLogger("agentrl.sandbox")
+
+# name -> (module, class). docker / kubernetes are imported lazily: their SDKs are optional extras.
+BACKENDS: Mapping[str, tuple[str, str]] = {
+    "local": ("agentrl.sandbox.local", "LocalBackend"),
+    "docker": ("agentrl.sandbox.docker", "DockerBackend"),
+    "kubernetes": ("agentrl.sandbox.kubernetes", "KubernetesBackend"),
+}
+TIMING_WINDOW = 10_000  # per-lease timings kept for stats()
+
+
+def make_backend(name: str, **options: Any) -> SandboxBackend:
+    """Instantiate the backend called `name` with backend-specific `options`."""
+    if name not in BACKENDS:
+        raise ConfigError(f"sandbox backend {name!r} is unknown: set backend to one of {', '.join(BACKENDS)}")
+    module_name, cls_name = BACKENDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name == module_name:
+            raise ConfigError(f"sandbox backend {name!r} is not available in this agentrl version") from e
+        raise MissingDependencyError(
+            f"sandbox backend {name!r} needs {e.name!r}: pip install 'agentrl[{name if name != 'kubernetes' else 'k8s'}]'"
+        ) from e
+    return getattr(module, cls_name)(**options)
+
+
+def _summary(values: deque[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    ordered = sorted(values)
+    return {"n": len(ordered), "p50": statistics.median(ordered), "mean": statistics.fmean(ordered),
+            "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], "max": ordered[-1]}
+
+
+class SandboxPool:
+    """A pool of sandboxes of one spec. Use as an async context manager; `lease()` hands out one sandbox."""
+
+    def __init__(self, backend: str | SandboxBackend = "local", spec: SandboxSpec | None = None, *, warm: int = 0,
+                 max_sandboxes: int = 16, run_id: str | None = None, unsafe_no_isolation: bool = False,
+                 state_dir: str | os.PathLike[str] | None = None, start_timeout_s: float = 60.0,
+                 start_attempts: int = 2, refill_concurrency: int = 4, sweep_on_start: bool = True,
+                 backend_options: Mapping[str, Any] | None = None) -> None:
+        if warm < 0 or max_sandboxes < 1 or start_attempts < 1 or refill_concurrency < 1:
+            raise ConfigError(f"SandboxPool: need warm >= 0 (got {warm}), max_sandboxes >= 1 (got {max_sandboxes}),"
+                              f" start_attempts >= 1 (got {start_attempts}), refill_concurrency >= 1")
+        self.spec = spec or SandboxSpec()
+        self.warm = min(warm, max_sandboxes)
+        self.max_sandboxes = max_sandboxes
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.start_timeout_s = start_timeout_s
+        self.start_attempts = start_attempts
+        self.sweep_on_start = sweep_on_start
+        self._backend_arg = backend
+        self._backend_options = dict(backend_options or {})
+        if unsafe_no_isolation:
+            self._backend_options["unsafe_no_isolation"] = True
+        if state_dir is not None:
+            self._backend_options["state_dir"] = state_dir
+        self._refill_concurrency = min(refill_concurrency, max(self.warm, 1))
+        self.backend: SandboxBackend | None = None
+        self._owns_backend = isinstance(backend, str)
+        self._labels = {"agentrl/run-id": self.run_id, "agentrl/owner-pid": str(os.getpid()),
+                        "agentrl/owner-host": socket.gethostname()}
+        self._ready: deque[Sandbox] = deque()
+        self._active: set[Sandbox] = set()
+        self._starting = 0
+        self._slots = asyncio.Semaphore(max_sandboxes)
+        self._need = asyncio.Event()  # set when the warm set may be short (a lease took one, a lease ended)
+        self._grew = asyncio.Event()  # set whenever a warm sandbox becomes ready (for fill())
+        self._workers: list[asyncio.Task[None]] = []
+        self._destroys: set[asyncio.Task[None]] = set()
+        self._open = False
+        self._closed = False
+        self._counters = {"leases": 0, "warm_hits": 0, "cold_starts": 0, "failures": 0, "replaced": 0,
+                          "destroyed": 0}
+        self._timings: dict[str, deque[float]] = {k: deque(maxlen=TIMING_WINDOW)
+                                                  for k in ("wait_s", "create_s", "agent_ready_s", "lease_s")}
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> "SandboxPool":
+        if self._open or self._closed:
+            raise RuntimeError("a SandboxPool can be entered once")
+        if isinstance(self._backend_arg, str):
+            self.backend = await asyncio.to_thread(make_backend, self._backend_arg, **self._backend_options)
+        else:
+            self.backend = self._backend_arg
+        self._open = True
+        try:
+            if self.sweep_on_start:
+                removed = await self.backend.sweep()
+                if removed:
+                    log.info("removed %d orphaned sandbox(es) of dead runs", removed)
+            self._workers = [asyncio.create_task(self._refill_worker(), name=f"sandbox-refill-{i}")
+                             for i in range(self._refill_concurrency if self.warm else 0)]
+            self._need.set()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Destroy everything this pool holds. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        doomed = list(self._ready) + list(self._active)
+        self._ready.clear()
+        for sb in doomed:
+            self._destroy_later(sb)
+        while self._destroys:
+            await asyncio.gather(*list(self._destroys), return_exceptions=True)
+        if self._owns_backend and self.backend is not None:
+            await self.backend.close()
+
+    # ------------------------------------------------------------ leases
+
+    @asynccontextmanager
+    async def lease(self) -> AsyncIterator[Sandbox]:
+        """One fresh sandbox for the duration of the block; destroyed afterwards (also when cancelled)."""
+        if not self._open or self._closed:
+            raise RuntimeError("use the pool inside 'async with SandboxPool(...) as pool'")
+        t0 = time.monotonic()
+        async with self._slots:
+            sb = await self._acquire()
+            self._active.add(sb)
+            self._need.set()
+            t1 = time.monotonic()
+            self._timings["wait_s"].append(t1 - t0)
+            self._counters["leases"] += 1
+            try:
+                yield sb
+            finally:
+                self._active.discard(sb)
+                self._timings["lease_s"].append(time.monotonic() - t1)
+                await self._dispose(sb)
+
+    async def _acquire(self) -> Sandbox:
+        while self._ready:
+            sb = self._ready.popleft()
+            try:
+                healthy = await sb.health()
+            except BaseException:  # cancelled while checking: the sandbox is in no list any more
+                self._destroy_later(sb)
+                raise
+            if healthy:
+                self._counters["warm_hits"] += 1
+                return sb
+            log.warning("warm sandbox %s failed its health check; replacing it", sb.id)
+            self._counters["failures"] += 1
+            self._counters["replaced"] += 1
+            self._destroy_later(sb)
+        self._counters["cold_starts"] += 1
+        return await self._start()
+
+    async def _start(self) -> Sandbox:
+        """Create a sandbox and confirm its agent answers; retry up to start_attempts. Raises SandboxStartError."""
+        last: BaseException | None = None
+        for attempt in range(1, self.start_attempts + 1):
+            try:
+                return await self._start_once()
+            except (SandboxError, OSError) as e:
+                self._counters["failures"] += 1
+                last = e
+                log.warning("sandbox start attempt %d/%d failed: %s", attempt, self.start_attempts, e)
+        raise SandboxStartError(f"could not start a sandbox after {self.start_attempts} attempt(s): {last}") from last
+
+    async def _start_once(self) -> Sandbox:
+        t0 = time.monotonic()
+        try:
+            async with asyncio.timeout(self.start_timeout_s):
+                handle = await self.backend.create(self.spec, dict(self._labels))
+        except TimeoutError:
+            raise SandboxStartError(f"sandbox did not start within start_timeout_s={self.start_timeout_s}") from None
+        sb = Sandbox(handle, self.spec)
+        try:
+            healthy = await sb.health()
+        except BaseException:
+            self._destroy_later(sb)
+            raise
+        if not healthy:
+            self._destroy_later(sb)
+            raise SandboxStartError(f"sandbox {handle.id} started but its agent does not answer health checks")
+        self._timings["create_s"].append(handle.timings.get("create_s", time.monotonic() - t0))
+        self._timings["agent_ready_s"].append(time.monotonic() - t0)
+        return sb
+
+    async def _dispose(self, sb: Sandbox) -> None:
+        """Destroy `sb`; if the caller is cancelled meanwhile, the destroy still runs to the end."""
+        task = self._destroy_later(sb)
+        await asyncio.shield(task)
+
+    def _destroy_later(self, sb: Sandbox) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._destroy(sb), name=f"sandbox-destroy-{sb.id}")
+        self._destroys.add(task)
+        task.add_done_callback(self._destroys.discard)
+        return task
+
+    async def _destroy(self, sb: Sandbox) -> None:
+        try:
+            await sb.close()
+            await self.backend.destroy(sb.handle)
+            self._counters["destroyed"] += 1
+        except Exception as e:  # never let teardown mask the lease's own outcome; the sweep retries later
+            log.error("destroying sandbox %s failed: %s", sb.id, e)
+            self._counters["failures"] += 1
+
+    # ------------------------------------------------------------ refill
+
+    def _deficit(self) -> int:
+        target = min(self.warm, self.max_sandboxes - len(self._active))
+        return target - len(self._ready) - self._starting
+
+    async def _refill_worker(self) -> None:
+        backoff = 0.0
+        while not self._closed:
+            while self._deficit() <= 0:
+                self._need.clear()
+                await self._need.wait()
+            self._starting += 1
+            try:
+                sb = await self._start_once()
+            except (SandboxError, OSError) as e:
+                self._counters["failures"] += 1
+                backoff = min(30.0, max(0.5, backoff * 2))
+                log.warning("warm refill failed (%s); retrying in %.1fs", e, backoff)
+                await asyncio.sleep(backoff)
+                continue
+            finally:
+                self._starting -= 1
+            backoff = 0.0
+            self._ready.append(sb)
+            self._grew.set()
+
+    async def fill(self, timeout_s: float | None = None) -> None:
+        """Wait until `warm` sandboxes are ready (e.g. before a benchmark or the first rollout step)."""
+        async with asyncio.timeout(timeout_s):
+            while len(self._ready) < self.warm:
+                self._grew.clear()
+                await self._grew.wait()
+
+    # ------------------------------------------------------------ stats
+
+    def stats(self) -> dict[str, Any]:
+        """Counters (leases, warm_hits, cold_starts, failures, replaced, destroyed), current sizes (active,
+        warm_ready, starting) and per-lease timing summaries (wait_s, create_s, agent_ready_s, lease_s)."""
+        return {**self._counters, "active": len(self._active), "warm_ready": len(self._ready),
+                "starting": self._starting, **{k: _summary(v) for k, v in self._timings.items()}}

@@ -1,0 +1,152 @@
+"""The training job config (`agentrl train --config job.yaml`): one pydantic model composed of the rollout pieces of
+`agentrl.config` plus the GRPO knobs. Unknown keys are rejected; errors name the field and the fix.
+
+Owns: the job's fields, their cross-field rules (a training temperature > 0, a micro-batch that divides the step's
+completions, the model named once), and the views other parts need: `rollout_config()` (the `RolloutConfig` the
+CLI wiring builds engines and pools from) and `training_sampling()` (the one `SamplingParams` shared by rollouts,
+evaluation and TRL's `GRPOConfig`). Does not own the mapping onto TRL's `GRPOConfig` (`grpo.py`).
+
+Step arithmetic: a step draws `batch_size` tasks, runs `group_size` trajectories of each (the GRPO group), and does
+exactly one optimizer update on those `batch_size * group_size` completions, split into micro-batches of
+`micro_batch_size` completions for gradient accumulation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from agentrl.config import BudgetConfig, EngineConfig, LocalEngineConfig, RolloutConfig, SandboxConfig, _Config
+from agentrl.types import SamplingParams
+
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"]
+
+
+class LoraOptions(_Config):
+    """PEFT LoRA adapter (trained instead of the full model). The engine always gets merged full weights."""
+
+    r: int = Field(default=16, ge=1)
+    alpha: int = Field(default=32, ge=1)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+
+class ImportanceSampling(_Config):
+    """Off-policy correction with the engine's sampling logprobs (TRL's vLLM IS path, enabled through a shim).
+
+    `token_*` modes correct per token, `sequence_*` multiply the ratios of a whole trajectory (masks long multi-turn
+    traces easily). `*_truncate` clamps the ratio into [clip_min, clip_max], `*_mask` zeroes tokens outside it.
+    """
+
+    enabled: bool = False
+    mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "token_truncate"
+    clip_min: float | None = Field(default=None, ge=0.0)
+    clip_max: float = Field(default=3.0, gt=0.0)
+
+
+class EvalOptions(_Config):
+    """The fixed evaluation task set: every task run `samples` times with the training sampling parameters and
+    once greedily. Defaults to the first `tasks` tasks of the training env."""
+
+    tasks: int | None = Field(default=8, ge=1)
+    task_ids: list[str] = Field(default_factory=list)
+    samples: int = Field(default=2, ge=1)
+    greedy: bool = True
+
+
+class TrainConfig(_Config):
+    # -- what is trained, on what
+    model: str | None = None  # HF checkpoint dir; None: the embedded SmolLM2-135M-Instruct
+    env: str = "code_tests"
+    env_options: dict[str, Any] = Field(default_factory=dict)
+    tasks: int | None = Field(default=None, ge=1)  # the first N tasks of the env
+    task_ids: list[str] = Field(default_factory=list)
+    # -- GRPO
+    group_size: int = Field(default=4, ge=2)  # G trajectories per task (TRL num_generations)
+    batch_size: int = Field(default=2, ge=1)  # tasks (prompts) per optimizer step
+    micro_batch_size: int | None = Field(default=None, ge=1)  # completions per forward/backward; None: all
+    steps: int = Field(default=10, ge=1)
+    learning_rate: float = Field(default=1e-6, gt=0.0)
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    beta: float = Field(default=0.0, ge=0.0)  # KL coefficient; 0 = no reference model
+    loss_type: LossType = "dapo"
+    epsilon: float = Field(default=0.2, gt=0.0)
+    epsilon_high: float | None = Field(default=None, gt=0.0)
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    mask_truncated_completions: bool = True
+    max_grad_norm: float = Field(default=1.0, ge=0.0)
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    lora: LoraOptions | None = None
+    importance_sampling: ImportanceSampling = Field(default_factory=ImportanceSampling)
+    # -- rollouts (the same pieces as `agentrl rollout`)
+    sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(temperature=1.0))
+    budgets: BudgetConfig = Field(default_factory=BudgetConfig)
+    engine: EngineConfig = Field(default_factory=LocalEngineConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    max_trajectories: int = Field(default=16, ge=1)
+    infra_retries: int = Field(default=2, ge=0)
+    weight_sync: Literal["local", "disk"] = "local"  # disk: save (LoRA merged) + engine.update_weights(path)
+    # -- outputs
+    output_dir: Path = Path("runs/train")
+    checkpoint_every: int = Field(default=1, ge=1)
+    keep_checkpoints: int | None = Field(default=None, ge=1)  # None: keep all
+    eval_every: int = Field(default=0, ge=0)  # 0: no evaluation during training
+    eval: EvalOptions = Field(default_factory=EvalOptions)
+    seed: int = 0
+    device: Literal["cpu", "auto"] = "cpu"  # auto: accelerate picks (GPU if present)
+    bf16: bool = False
+
+    @model_validator(mode="after")
+    def _rules(self) -> TrainConfig:
+        if self.sampling.temperature <= 0:
+            raise ValueError("sampling.temperature must be > 0 for training (greedy rollouts have no gradient "
+                             "signal and TRL divides logits by it); greedy runs belong to `agentrl eval`")
+        if self.engine.model is not None:
+            raise ValueError("engine.model must not be set: set the top-level `model`, which the trainer and the "
+                             "engine always share")
+        per_step = self.batch_size * self.group_size
+        if self.micro_batch_size is not None and per_step % self.micro_batch_size:
+            raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must divide batch_size * group_size "
+                             f"({per_step}) completions per step")
+        if self.importance_sampling.clip_min is not None and self.importance_sampling.clip_min >= \
+                self.importance_sampling.clip_max:
+            raise ValueError("importance_sampling.clip_min must be < importance_sampling.clip_max")
+        return self
+
+    @property
+    def completions_per_step(self) -> int:
+        return self.batch_size * self.group_size
+
+    @property
+    def micro_batch(self) -> int:
+        return self.micro_batch_size or self.completions_per_step
+
+    @property
+    def trajectories_path(self) -> Path:
+        return self.output_dir / "trajectories.jsonl"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.output_dir / "metrics.jsonl"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.output_dir / "checkpoints"
+
+    def rollout_config(self) -> RolloutConfig:
+        """The rollout view of this job (what `agentrl rollout` would run), for the shared CLI wiring helpers."""
+        return RolloutConfig(
+            env=self.env, env_options=self.env_options, tasks=self.tasks, task_ids=self.task_ids,
+            group_size=self.group_size, out=self.trajectories_path, resume=True, seed=self.seed,
+            max_trajectories=self.max_trajectories, infra_retries=self.infra_retries, sampling=self.sampling,
+            budgets=self.budgets, engine=self.engine.model_copy(update={"model": self.model}), sandbox=self.sandbox,
+        )
+
+    def training_sampling(self, eos_token_ids: list[int]) -> SamplingParams:
+        """The one SamplingParams of this job: stop ids default to the engine's end-of-turn ids, seed to `seed`."""
+        return self.sampling.model_copy(update={
+            "stop_token_ids": self.sampling.stop_token_ids or list(eos_token_ids),
+            "seed": self.sampling.seed if self.sampling.seed is not None else self.seed,
+        })

@@ -1,0 +1,97 @@
+"""Sandbox latency: lease from a warm pool vs a cold start, and exec round-trips through the in-sandbox agent vs a
+bare host process spawn. Prints a markdown table (see BENCHMARKS.md for recorded numbers).
+
+    python benchmarks/bench_sandbox.py [--backend local] [--leases 30] [--execs 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import tempfile
+import time
+
+from agentrl.sandbox import SandboxPool, SandboxSpec
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _row(name: str, values: list[float], base: float | None = None) -> str:
+    p50 = statistics.median(values) * 1000
+    ratio = f"{p50 / base:.2f}x" if base else "1.00x"
+    return f"| {name} | {len(values)} | {p50:.2f} | {_pct(values, 0.99) * 1000:.2f} | {ratio} |"
+
+
+async def bench_leases(backend: str, spec: SandboxSpec, n: int, state_dir: str) -> dict[str, list[float]]:
+    """Time from entering `pool.lease()` to holding a ready sandbox; warm: the pool was filled first."""
+    out: dict[str, list[float]] = {"warm": [], "cold": [], "release": []}
+    async with SandboxPool(backend, spec, warm=4, max_sandboxes=8, state_dir=state_dir) as pool:
+        for _ in range(n):
+            await pool.fill(timeout_s=60)
+            t0 = time.perf_counter()
+            async with pool.lease():
+                t1 = time.perf_counter()
+            out["warm"].append(t1 - t0)
+            out["release"].append(time.perf_counter() - t1)
+    async with SandboxPool(backend, spec, warm=0, max_sandboxes=8, state_dir=state_dir) as pool:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            async with pool.lease():
+                out["cold"].append(time.perf_counter() - t0)
+    return out
+
+
+async def bench_exec(backend: str, spec: SandboxSpec, n: int, state_dir: str) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {"agent_argv": [], "agent_sh": [], "host_run": [], "host_async": []}
+    async with SandboxPool(backend, spec, max_sandboxes=1, state_dir=state_dir) as pool:
+        async with pool.lease() as sb:
+            for _ in range(20):  # warm up the connection and the page cache
+                await sb.exec(["true"])
+            for key, cmd in (("agent_argv", ["true"]), ("agent_sh", "true")):
+                for _ in range(n):
+                    t0 = time.perf_counter()
+                    await sb.exec(cmd)
+                    out[key].append(time.perf_counter() - t0)
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run(["true"], check=True)
+        out["host_run"].append(time.perf_counter() - t0)
+    for _ in range(n):
+        t0 = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec("true")
+        await proc.wait()
+        out["host_async"].append(time.perf_counter() - t0)
+    return out
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", default="local")
+    ap.add_argument("--leases", type=int, default=30)
+    ap.add_argument("--execs", type=int, default=200)
+    args = ap.parse_args()
+    spec = SandboxSpec()
+    with tempfile.TemporaryDirectory(prefix="agrl-bench-", dir="/tmp") as state_dir:
+        leases = await bench_leases(args.backend, spec, args.leases, state_dir)
+        execs = await bench_exec(args.backend, spec, args.execs, state_dir)
+    host = statistics.median(execs["host_run"]) * 1000
+    warm = statistics.median(leases["warm"]) * 1000
+    print(f"backend={args.backend}  spec: cpus={spec.cpus} memory={spec.memory} pids={spec.pids}\n")
+    print("| measurement | N | p50 ms | p99 ms | ratio (p50) |")
+    print("| --- | --- | --- | --- | --- |")
+    print(_row("lease, warm pool (acquire + health check)", leases["warm"]))
+    print(_row("lease, cold start (create + agent ready)", leases["cold"], warm))
+    print(_row("lease release (destroy)", leases["release"], warm))
+    print(_row("host: subprocess.run(['true'])", execs["host_run"]))
+    print(_row("host: asyncio.create_subprocess_exec('true')", execs["host_async"], host))
+    print(_row("agent exec ['true'] round-trip", execs["agent_argv"], host))
+    print(_row("agent exec 'true' (via /bin/sh -c) round-trip", execs["agent_sh"], host))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

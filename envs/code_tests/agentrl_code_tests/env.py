@@ -1,0 +1,113 @@
+"""CodeTestsEnv: write a Python function; reward = fraction of hidden unit tests passed.
+
+Episode: the prompt shows the function's stub and its visible tests. Each code the model runs (a ```python block,
+or a `run_python` call) runs in the sandbox as main.py; its definitions are merged into solution.py there (the last
+definition wins, see extract.py), so the state lives in the sandbox and the env holds none. With code blocks the
+visible tests' results follow every run; with hermes tool calls `run_tests` runs them. The episode ends when the
+model replies without code / tool call (the runner ends on a reply with no calls), or at the runner's max turns.
+`finalize` runs the hidden tests against solution.py, each in its own process with a timeout; no solution -> every
+test fails (a policy outcome, not an infra error).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from agentrl.envs import Env, Task, register_env
+from agentrl.types import TestReport, ToolCall, ToolResult
+from agentrl_code_tests.config import parse_options, system_prompt, tool_specs
+from agentrl_code_tests.extract import defines, merge_solution
+from agentrl_code_tests.scoring import (
+    MAIN_FILE,
+    SOLUTION_FILE,
+    cap,
+    format_exec,
+    format_tests,
+    no_solution_report,
+    run_harness,
+)
+from agentrl_code_tests.tasks import load_tasks
+
+if TYPE_CHECKING:
+    from agentrl.sandbox.client import Sandbox
+
+
+@register_env("code_tests")
+class CodeTestsEnv(Env):
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.config = parse_options(options)
+        self.action_format = self.config.action_format
+        self.tools = tool_specs(self.config.action_format)
+        self.system_prompt = system_prompt(self.config.action_format)
+        self._tasks: list[Task] | None = None
+
+    def tasks(self) -> list[Task]:
+        if self._tasks is None:
+            self._tasks = load_tasks(self.config.source, self.config.action_format)
+        return list(self._tasks)
+
+    async def setup(self, sandbox: Sandbox, task: Task) -> None:
+        await sandbox.write_file(SOLUTION_FILE, "")  # "" = no solution yet
+
+    async def call_tool(self, sandbox: Sandbox, call: ToolCall, *, task: Task) -> ToolResult:
+        code = call.arguments.get("code")
+        if call.name == "run_tests":
+            solution = await self.solution(sandbox, task) or ""
+            return ToolResult(call_id=call.id, name=call.name, output=await self._visible(sandbox, task, solution))
+        if call.name != "run_python":
+            return ToolResult(call_id=call.id, name=call.name, output=f"unknown tool {call.name!r}",
+                              error="unknown_tool")
+        if not isinstance(code, str):
+            return ToolResult(call_id=call.id, name=call.name, output="run_python needs a string argument 'code'",
+                              error="bad_arguments")
+        return await self._run_python(sandbox, call, task, code)
+
+    async def _run_python(self, sandbox: Sandbox, call: ToolCall, task: Task, code: str) -> ToolResult:
+        await sandbox.write_file(MAIN_FILE, code)
+        res = await sandbox.exec(["python3", MAIN_FILE], timeout=self.config.run_timeout_s)
+        current = await sandbox.read_file(SOLUTION_FILE)
+        merged = merge_solution(current, code)
+        if merged is not None:
+            await sandbox.write_file(SOLUTION_FILE, merged)
+        output = format_exec(res, self.config.output_chars)
+        if self.action_format == "codeblock":
+            output += "\n\n" + await self._visible(sandbox, task, current if merged is None else merged)
+        limit = self.config.output_chars
+        return ToolResult(
+            call_id=call.id, name=call.name, output=output, exit_code=res.exit_code, stdout=cap(res.stdout, limit),
+            stderr=cap(res.stderr, limit), duration_s=res.duration_s, timed_out=res.timed_out,
+            truncated=res.truncated or max(len(res.stdout), len(res.stderr)) > limit,
+        )
+
+    async def _visible(self, sandbox: Sandbox, task: Task, solution: str) -> str:
+        entry = task.data["entry_point"]
+        if not task.data["visible_tests"]:
+            return "tests: none to show for this task"
+        if not defines(solution, entry):
+            return f"tests: not run (no definition of {entry}() yet)"
+        tests = [(f"visible_{i}", src) for i, src in enumerate(task.data["visible_tests"])]
+        report = await run_harness(sandbox, task.data, solution, tests, timeout_s=self.config.test_timeout_s,
+                                   budget_s=self.config.test_budget_s)
+        return format_tests(report, task.data["visible_tests"])
+
+    async def finalize(self, sandbox: Sandbox, task: Task) -> TestReport:
+        solution = await self.solution(sandbox, task)
+        if solution is None:
+            return no_solution_report(task.data["tests"], task.data["entry_point"])
+        return await self.score_solution(sandbox, task, solution)
+
+    async def solution(self, sandbox: Sandbox, task: Task) -> str | None:
+        try:
+            text = await sandbox.read_file(SOLUTION_FILE)
+        except FileNotFoundError:  # setup() never ran in this sandbox
+            return None
+        return text if text.strip() else None
+
+    def reference_solution(self, task: Task) -> str | None:
+        return str(task.data["reference"])
+
+    async def score_solution(self, sandbox: Sandbox, task: Task, solution: str) -> TestReport:
+        await sandbox.write_file(SOLUTION_FILE, solution)
+        return await run_harness(sandbox, task.data, solution, task.data["tests"],
+                                 timeout_s=self.config.test_timeout_s, budget_s=self.config.test_budget_s)

@@ -1,0 +1,181 @@
+"""Lifecycle of docker sandboxes through the pool: state within a lease, a clean sandbox per lease, a container
+killed from outside, dockerd restarting, the TTL, and the sweep of containers whose owner died."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import docker
+import pytest
+from dockertier import IMAGE, RUN_ID, containers_owned_by, restart_dockerd, restart_problem
+
+from agentrl.errors import SandboxDiedError
+from agentrl.sandbox import SandboxPool, SandboxSpec
+
+pytestmark = pytest.mark.docker
+
+SPEC = SandboxSpec(image=IMAGE, default_timeout_s=20)
+FIND_SLEEP = "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -o 'slee[p] 300' | wc -l"
+
+
+def _pool(**kw: object) -> SandboxPool:
+    return SandboxPool(backend="docker", spec=kw.pop("spec", SPEC), warm=kw.pop("warm", 1),
+                       max_sandboxes=kw.pop("max_sandboxes", 2), run_id=RUN_ID, **kw)
+
+
+def _container_state(name: str) -> str | None:
+    client = docker.from_env()
+    try:
+        return client.api.inspect_container(name)["State"]["Status"]
+    except docker.errors.NotFound:
+        return None
+    finally:
+        client.close()
+
+
+async def test_state_persists_across_calls_within_a_lease() -> None:
+    async with _pool() as pool, pool.lease() as sb:
+        await sb.write_file("pkg/solution.py", "def f():\n    return 41\n")
+        r = await sb.exec("cd pkg && python3 -c 'import solution; print(solution.f() + 1)' > out.txt")
+        assert r.exit_code == 0, r
+        assert await sb.read_file("pkg/out.txt") == "42\n"
+        await sb.exec("setsid sleep 300 > /dev/null 2>&1 < /dev/null &")
+        assert (await sb.exec(FIND_SLEEP)).stdout.strip() == "1"  # a background process outlives its exec
+        assert (await sb.exec("echo more >> pkg/out.txt; cat pkg/out.txt")).stdout == "42\nmore\n"
+
+
+async def test_each_lease_starts_clean() -> None:
+    async with _pool(warm=2) as pool:
+        async with pool.lease() as first:
+            await _dirty(first)
+            first_id = first.id
+        async with pool.lease() as second:
+            assert second.id != first_id
+            r = await second.exec("ls -A /workspace /tmp; " + FIND_SLEEP)
+            assert r.stdout.split() == ["/tmp:", "/workspace:", "0"], r.stdout
+        assert await asyncio.to_thread(_container_state, first_id) is None  # destroyed, never reused
+
+
+async def _dirty(sb: object) -> None:
+    await sb.write_file("marker", "x")  # type: ignore[attr-defined]
+    r = await sb.exec("echo y > /tmp/marker; setsid sleep 300 > /dev/null 2>&1 < /dev/null &")  # type: ignore[attr-defined]
+    assert r.exit_code == 0
+
+
+async def test_container_killed_mid_trajectory_raises_sandbox_died_and_the_pool_goes_on() -> None:
+    async with _pool(warm=1) as pool:
+        with pytest.raises(SandboxDiedError):
+            async with pool.lease() as sb:
+                running = asyncio.create_task(sb.exec("sleep 30", timeout=60))
+                await asyncio.sleep(0.5)
+                await asyncio.to_thread(subprocess.run, ["docker", "kill", sb.id], check=True, capture_output=True)
+                async with asyncio.timeout(15):  # an error, not a hang until the exec's own deadline
+                    await running
+        assert await asyncio.to_thread(_container_state, sb.id) is None  # the lease removed the dead container
+        async with pool.lease() as again:
+            assert (await again.exec("echo ok")).stdout == "ok\n"
+
+
+async def test_pool_recovers_after_dockerd_restarts() -> None:
+    problem = restart_problem()
+    if problem:
+        pytest.skip(problem)
+    async with _pool(warm=2, max_sandboxes=3) as pool:
+        async with pool.lease() as sb:
+            assert (await sb.exec("echo before")).stdout == "before\n"
+        await asyncio.to_thread(restart_dockerd)
+        for _ in range(3):  # warm sandboxes died with the daemon: each lease must still get a working one
+            async with pool.lease() as sb:
+                r = await sb.exec("echo after")
+                assert r.exit_code == 0 and r.stdout == "after\n", r
+        assert pool.stats()["replaced"] >= 1
+
+
+async def test_ttl_stops_the_container_and_sweep_removes_it(backend) -> None:
+    spec = SandboxSpec(image=IMAGE, ttl_s=10)
+    handle = await backend.create(spec, {"agentrl.run_id": RUN_ID})
+    try:
+        assert await backend.alive(handle)
+        assert await backend.sweep() == 0  # owner alive, TTL not reached: nothing to do
+        deadline = time.monotonic() + 30
+        while await backend.alive(handle):  # the agent's alarm fires at ttl_s even though nobody sweeps
+            assert time.monotonic() < deadline, "container still running 30 s after a 10 s TTL"
+            await asyncio.sleep(0.5)
+        assert await backend.sweep() >= 1
+        assert await asyncio.to_thread(_container_state, handle.id) is None
+    finally:
+        await backend.destroy(handle)
+
+
+OWNER_SCRIPT = textwrap.dedent("""
+    import asyncio, sys
+    from agentrl.sandbox import SandboxPool, SandboxSpec
+
+    async def main():
+        async with SandboxPool(backend="docker", spec=SandboxSpec(image=sys.argv[1]), warm=2, max_sandboxes=2,
+                               run_id="doomed-owner") as pool:
+            while pool.stats()["warm_ready"] < 2:
+                await asyncio.sleep(0.05)
+            print("READY", flush=True)
+            await asyncio.sleep(600)
+
+    asyncio.run(main())
+""")
+
+
+def _start_owner() -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT, IMAGE], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.strip() == "READY", f"owner process did not get ready (rc={proc.poll()})"
+    return proc
+
+
+@pytest.mark.parametrize("remover", ["next-pool-start", "sandbox-gc"])
+async def test_containers_of_a_killed_owner_are_removed(remover: str) -> None:
+    proc = await asyncio.to_thread(_start_owner)
+    os.kill(proc.pid, signal.SIGKILL)
+    await asyncio.to_thread(proc.wait)
+    left = await asyncio.to_thread(containers_owned_by, proc.pid)
+    assert len(left) == 2  # kill -9: nothing ran its cleanup
+    if remover == "next-pool-start":
+        async with _pool(warm=0):
+            pass
+    else:
+        r = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "agentrl.cli", "sandbox", "gc",
+                                                     "--backend", "docker"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "removed" in r.stdout
+    assert await asyncio.to_thread(containers_owned_by, proc.pid) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_rollout_removes_its_containers_within_10s(sig: signal.Signals, eos_prone_model, tmp_path) -> None:
+    cmd = [sys.executable, "-m", "agentrl.cli", "rollout", "--sandbox", "docker", "--env", "code_tests",
+           "--model", str(eos_prone_model), "--tasks", "8", "--group-size", "2", "--max-turns", "4",
+           "--max-new-tokens", "64", "--concurrency", "4", "--out", str(tmp_path / "t.jsonl")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while len(containers_owned_by(proc.pid)) < 2:
+            assert proc.poll() is None, f"rollout ended before it could be interrupted: {proc.stderr.read()[-2000:]}"
+            assert time.monotonic() < deadline, "rollout never started its docker sandboxes"
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        sent = time.monotonic()
+        while containers_owned_by(proc.pid) and time.monotonic() - sent < 10:
+            time.sleep(0.1)
+        assert containers_owned_by(proc.pid) == [], f"containers left 10 s after {sig.name}"
+        assert proc.wait(timeout=30) == 130, proc.stderr.read()[-2000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        subprocess.run(["docker", "rm", "-f", *containers_owned_by(proc.pid)], capture_output=True, check=False)
