@@ -33,8 +33,8 @@ if docker info >/dev/null 2>&1; then
 else
   if ! pgrep -x dockerd >/dev/null; then
     echo "docker-setup: starting dockerd (log: $log)"
-    # setsid: the daemon outlives this script and is not in its process group.
-    as_root setsid dockerd >"$log" 2>&1 < /dev/null &
+    # setsid -f: the daemon is detached into its own session and outlives this script (no shell waits on it).
+    as_root setsid -f dockerd >"$log" 2>&1 < /dev/null
   else
     echo "docker-setup: dockerd is starting; waiting for it"
   fi

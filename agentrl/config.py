@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agentrl.errors import ConfigError
 from agentrl.sandbox.base import SandboxSpec
@@ -19,6 +19,13 @@ from agentrl.types import SamplingParams
 
 class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _with_default_type(value: Any) -> Any:
+    """A backend given as a mapping without `type` means the default (local) backend."""
+    if isinstance(value, dict) and "type" not in value:
+        return {"type": "local", **value}
+    return value
 
 
 class LocalEngineConfig(_Config):
@@ -50,13 +57,15 @@ class SandboxConfig(_Config):
     warm: int = Field(default=4, ge=0)
     max_sandboxes: int = Field(default=16, ge=1)
 
+    _default_type = field_validator("backend", mode="before")(lambda v: _with_default_type(v))
+
 
 class BudgetConfig(_Config):
     max_turns: int = Field(default=4, ge=1)
     max_completion_tokens: int = Field(default=2048, ge=16)
     context_window: int | None = Field(default=None, ge=64)  # None: the engine's
     tool_timeout_s: float = Field(default=10.0, gt=0)
-    trajectory_timeout_s: float = Field(default=600.0, gt=0)
+    trajectory_timeout_s: float = Field(default=3600.0, gt=0)  # wall clock, including waiting for the engine
 
 
 class RolloutConfig(_Config):
@@ -75,6 +84,8 @@ class RolloutConfig(_Config):
     budgets: BudgetConfig = Field(default_factory=BudgetConfig)
     engine: EngineConfig = Field(default_factory=LocalEngineConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+
+    _default_type = field_validator("engine", mode="before")(lambda v: _with_default_type(v))
 
 
 def _format_error(exc: ValidationError, source: str) -> str:

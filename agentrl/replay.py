@@ -14,6 +14,7 @@ are never compared.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
@@ -21,8 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from agentrl.envs import Env, Task, get_env
-from agentrl.errors import ConfigError, InfraError
+from agentrl.errors import ConfigError, InfraError, MissingDependencyError
 from agentrl.reward import score
 from agentrl.sandbox.base import SandboxSpec
 from agentrl.store import LineError, TrajectoryStore, iter_records
@@ -73,9 +76,11 @@ def select(trajs: Sequence[Trajectory], *, traj_id: str | None = None, task: str
 
 
 def describe_no_match(trajs: Sequence[Trajectory], **filters: object) -> str:
-    given = ", ".join(f"--{k.replace('traj_id', 'id')} {v}" for k, v in filters.items() if v is not None)
+    if not trajs:
+        return "the file holds no readable trajectories"
+    given = " ".join(f"--{k.replace('traj_id', 'id')} {v}" for k, v in filters.items() if v is not None)
     ids = ", ".join(t.id for t in trajs[:5])
-    return f"no trajectory matches {given} ({len(trajs)} in the file; first ids: {ids or 'none'})"
+    return f"no trajectory matches {given} ({len(trajs)} in the file; first ids: {ids})"
 
 
 # -- re-execution -------------------------------------------------------------------------------------------------
@@ -145,7 +150,7 @@ async def reexecute(traj: Trajectory, env: Env, task: Task, pool: Any) -> Reexec
                 replayed = await _call(env, sandbox, call, task)
                 differs = compare_results(stored, replayed) if stored is not None else ("missing stored result",)
                 report.checks.append(CallCheck(turn, call, stored, replayed, differs))
-    except InfraError as exc:
+    except Exception as exc:  # infra failure, or an env bug in setup: this replay stops, the others go on
         report.error = f"{type(exc).__name__}: {exc}"
     return report
 
@@ -154,30 +159,45 @@ def find_task(env: Env, task_id: str) -> Task:
     for task in env.tasks():
         if task.id == task_id:
             return task
-    raise ConfigError(f"task {task_id!r} is not among env {env.name!r}'s tasks; if the run used env options "
-                      f"(e.g. a dataset), pass the same ones with --env-option KEY=VALUE")
+    raise _missing_task(env, task_id)
+
+
+def _missing_task(env: Env, task_id: str) -> ConfigError:
+    return ConfigError(f"task {task_id!r} is not among env {env.name!r}'s tasks; if the run used env options "
+                       f"(e.g. a dataset), pass the same ones with --env-option KEY=VALUE")
 
 
 def spec_for(traj: Trajectory, env: Env) -> SandboxSpec:
     """The sandbox spec the run recorded in `meta["sandbox_spec"]`, else the env's own."""
     recorded = traj.meta.get("sandbox_spec")
-    return SandboxSpec.model_validate(recorded) if isinstance(recorded, dict) else env.sandbox_spec
+    if not isinstance(recorded, dict):
+        return env.sandbox_spec
+    try:
+        return SandboxSpec.model_validate(recorded)
+    except ValidationError as exc:
+        raise ConfigError(f"trajectory {traj.id}: meta.sandbox_spec is not a valid SandboxSpec ({exc})") from exc
 
 
-class _EnvCache:
-    """One env instance per name; options from the command line win over those the run recorded in meta."""
+class _Envs:
+    """Env instances (and their task lists) per (name, options). Options given on the command line win over
+    the ones the run recorded in `meta["env_options"]`."""
 
     def __init__(self, env_name: str | None, options: dict[str, Any] | None) -> None:
         self.env_name, self.options = env_name, options
-        self._envs: dict[str, Env] = {}
+        self._envs: dict[str, tuple[Env, dict[str, Task]]] = {}
 
-    def get(self, traj: Trajectory) -> Env:
+    def resolve(self, traj: Trajectory) -> tuple[Env, Task]:
         name = self.env_name or traj.env
-        if name not in self._envs:
-            recorded = traj.meta.get("env_options")
-            opts = self.options if self.options else (recorded if isinstance(recorded, dict) else {})
-            self._envs[name] = get_env(name, **opts)
-        return self._envs[name]
+        recorded = traj.meta.get("env_options")
+        opts = self.options if self.options else (recorded if isinstance(recorded, dict) else {})
+        key = json.dumps([name, opts], sort_keys=True, default=str)
+        if key not in self._envs:
+            env = get_env(name, **opts)
+            self._envs[key] = (env, {t.id: t for t in env.tasks()})
+        env, tasks = self._envs[key]
+        if traj.task_id not in tasks:
+            raise _missing_task(env, traj.task_id)
+        return env, tasks[traj.task_id]
 
 
 class _Pools:
@@ -197,14 +217,14 @@ async def reexecute_many(trajs: Iterable[Trajectory], pool_factory: PoolFactory,
                          env_options: dict[str, Any] | None = None,
                          on_report: Callable[[ReexecuteReport], None] | None = None) -> list[ReexecuteReport]:
     """Re-execute each trajectory in its own fresh sandbox, one after another (reports stream to `on_report`)."""
-    envs = _EnvCache(env_name, env_options)
+    envs = _Envs(env_name, env_options)
     reports: list[ReexecuteReport] = []
     async with AsyncExitStack() as stack:
         pools = _Pools(stack, pool_factory)
         for traj in trajs:
             try:
-                env = envs.get(traj)
-                report = await reexecute(traj, env, find_task(env, traj.task_id), await pools.get(spec_for(traj, env)))
+                env, task = envs.resolve(traj)
+                report = await reexecute(traj, env, task, await pools.get(spec_for(traj, env)))
             except (ConfigError, InfraError) as exc:
                 report = ReexecuteReport(traj, error=f"{type(exc).__name__}: {exc}")
             reports.append(report)
@@ -222,6 +242,7 @@ class RescoreRow:
     original: Trajectory
     rescored: Trajectory
     note: str = ""
+    error: str | None = None  # the tests could not be re-run; `rescored` is the original
 
     @property
     def differs(self) -> bool:
@@ -236,12 +257,11 @@ def rescore_pure(trajs: Iterable[Trajectory]) -> list[RescoreRow]:
     return [RescoreRow(t, score(t)) for t in trajs]
 
 
-async def _rerun_one(traj: Trajectory, env: Env, pool: Any) -> RescoreRow:
+async def _rerun_one(traj: Trajectory, env: Env, task: Task, pool: Any) -> RescoreRow:
     if traj.status is Status.infra_error:
         return RescoreRow(traj, score(traj), "infra_error: never scored")
     if traj.solution is None:
         return RescoreRow(traj, score(traj), "no stored solution: scored from the stored test report")
-    task = find_task(env, traj.task_id)
     async with pool.lease() as sandbox:
         report: TestReport = await env.score_solution(sandbox, task, traj.solution)
     return RescoreRow(traj, score(traj.model_copy(update={"tests": report})), "tests re-run")
@@ -250,16 +270,18 @@ async def _rerun_one(traj: Trajectory, env: Env, pool: Any) -> RescoreRow:
 async def rescore_rerun(trajs: Iterable[Trajectory], pool_factory: PoolFactory, *, env_name: str | None = None,
                         env_options: dict[str, Any] | None = None) -> list[RescoreRow]:
     """Re-run the env's tests on each stored solution in a fresh sandbox, then score the new report."""
-    envs = _EnvCache(env_name, env_options)
+    envs = _Envs(env_name, env_options)
     rows: list[RescoreRow] = []
     async with AsyncExitStack() as stack:
         pools = _Pools(stack, pool_factory)
         for traj in trajs:
             try:
-                env = envs.get(traj)
-                rows.append(await _rerun_one(traj, env, await pools.get(spec_for(traj, env))))
-            except (ConfigError, InfraError) as exc:
-                rows.append(RescoreRow(traj, traj, f"not re-run: {type(exc).__name__}: {exc}"))
+                env, task = envs.resolve(traj)
+                rows.append(await _rerun_one(traj, env, task, await pools.get(spec_for(traj, env))))
+            except MissingDependencyError:
+                raise  # nothing can be re-run here
+            except Exception as exc:  # unknown env/task, infra failure or an env bug: reported, the others go on
+                rows.append(RescoreRow(traj, traj, "not re-run", error=f"{type(exc).__name__}: {exc}"))
     return rows
 
 

@@ -47,11 +47,16 @@ async def bench_leases(backend: str, spec: SandboxSpec, n: int, state_dir: str) 
 
 
 async def bench_exec(backend: str, spec: SandboxSpec, n: int, state_dir: str) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {"agent_argv": [], "agent_sh": [], "host_run": [], "host_async": []}
+    out: dict[str, list[float]] = {"agent_health": [], "agent_argv": [], "agent_sh": [], "host_run": [],
+                                   "host_async": []}
     async with SandboxPool(backend, spec, max_sandboxes=1, state_dir=state_dir) as pool:
         async with pool.lease() as sb:
             for _ in range(20):  # warm up the connection and the page cache
                 await sb.exec(["true"])
+            for _ in range(n):
+                t0 = time.perf_counter()
+                await sb.health()
+                out["agent_health"].append(time.perf_counter() - t0)
             for key, cmd in (("agent_argv", ["true"]), ("agent_sh", "true")):
                 for _ in range(n):
                     t0 = time.perf_counter()
@@ -89,6 +94,7 @@ async def main() -> None:
     print(_row("lease release (destroy)", leases["release"], warm))
     print(_row("host: subprocess.run(['true'])", execs["host_run"]))
     print(_row("host: asyncio.create_subprocess_exec('true')", execs["host_async"], host))
+    print(_row("agent GET /health round-trip (transport only)", execs["agent_health"], host))
     print(_row("agent exec ['true'] round-trip", execs["agent_argv"], host))
     print(_row("agent exec 'true' (via /bin/sh -c) round-trip", execs["agent_sh"], host))
 

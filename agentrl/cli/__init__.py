@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agentrl.cli.debug import add_replay_commands
 from agentrl.errors import AgentRLError, ConfigError
 
 log = logging.getLogger("agentrl")
@@ -150,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--backend", default="local", choices=["local", "docker"])
     gc.add_argument("--all", action="store_true", help="remove every agentrl sandbox, live runs included")
     gc.set_defaults(func=_cmd_sandbox_gc)
+    add_replay_commands(sub)
     return parser
 
 

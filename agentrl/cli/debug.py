@@ -7,7 +7,8 @@
 
 Every command reads the file tolerantly: each unreadable line (corrupt, truncated, schema from the future) is
 printed to stderr naming its line, counted, and skipped; the rest is read. A missing file is an error (exit 2).
-Exit codes: 0 ok; 1 `replay --reexecute` found a differing call / `rescore` found a differing reward; 2 error.
+Exit codes: 0 ok; 1 `replay --reexecute` found a differing call (or a replay failed) / `rescore` found a differing
+reward (or could not re-run a trajectory's tests); 2 error.
 
 Only this module wires replay to sandboxes (through `agentrl.cli.wiring.make_pool`); heavy imports happen inside
 the commands so `agentrl --help` stays fast.
@@ -32,7 +33,8 @@ def add_replay_commands(sub: Any) -> None:
     v.add_argument("file", type=Path)
     v.add_argument("-o", "--out", type=Path, default=Path("report.html"), help="HTML file to write")
     v.add_argument("--title", help="page title (default: the file name)")
-    v.add_argument("--max-chars", type=int, default=4000, help="trim each long text to about N characters")
+    v.add_argument("--max-chars", type=int, default=4000,
+                   help="trim each long text to about N characters (halved until the page fits 45 MB; 0: never trim)")
     v.set_defaults(func=_cmd_view)
     s = sub.add_parser("stats", help="the run's metrics table (same numbers as the rollout summary), per step")
     s.add_argument("file", type=Path)
@@ -92,7 +94,7 @@ def _load(path: Path) -> Any:
 def _console() -> Any:
     from rich.console import Console
 
-    return Console(highlight=False)
+    return Console(highlight=False, markup=False)  # file names and ids are printed as they are
 
 
 def _pool_factory(a: argparse.Namespace) -> Any:
@@ -123,7 +125,7 @@ def _cmd_replay(a: argparse.Namespace) -> int:
     filters = {"traj_id": a.traj_id, "task": a.task, "step": a.step}
     chosen = select(loaded.trajectories, **filters)
     if not chosen:
-        raise ConfigError(describe_no_match(loaded.trajectories, **filters))
+        raise ConfigError(f"{a.file}: {describe_no_match(loaded.trajectories, **filters)}")
     console = _console()
     unfiltered = all(v is None for v in filters.values())
     if unfiltered and len(chosen) > 1 and not a.reexecute:
@@ -154,12 +156,13 @@ def _reexecute(a: argparse.Namespace, chosen: list[Any], console: Any) -> int:
     rc = _run_cancellable(run())
     if rc:
         return rc
-    bad = [r for r in reports if not r.all_match]
     calls = sum(len(r.checks) for r in reports)
     differing = sum(len(r.mismatches) for r in reports)
-    console.print(f"re-executed {len(reports)} trajectories, {calls} tool calls: "
-                  + ("all identical" if not bad else f"{differing} differ in {len(bad)} trajectories"))
-    return 0 if not bad else 1
+    failed = sum(r.error is not None for r in reports)
+    verdict = "all identical" if not differing else f"{differing} differ"
+    console.print(f"re-executed {len(reports)} trajectories, {calls} tool calls: {verdict}"
+                  + (f"; {failed} trajectories could not be replayed to the end" if failed else ""), soft_wrap=True)
+    return 0 if all(r.all_match for r in reports) else 1
 
 
 def _cmd_rescore(a: argparse.Namespace) -> int:
@@ -184,14 +187,16 @@ def _cmd_rescore(a: argparse.Namespace) -> int:
         rows = rescore_pure(loaded.trajectories)
     console = _console()
     changed = [r for r in rows if r.differs]
-    if changed or a.all:
+    failed = [r for r in rows if r.error is not None]
+    if changed or failed or a.all:
         console.print(rescore_table(rows, only_diffs=not a.all))
-    console.print(f"rescored {len(rows)} trajectories ({'tests re-run' if a.rerun_tests else 'from stored tests'}): "
-                  f"{len(changed)} rewards differ")
+    how = "tests re-run" if a.rerun_tests else "from stored tests"
+    console.print(f"rescored {len(rows)} trajectories ({how}): {len(changed)} rewards differ"
+                  + (f", {len(failed)} could not be re-run" if failed else ""), soft_wrap=True)
     if a.out:
         write_trajectories(a.out, [r.rescored for r in rows])
         console.print(f"wrote {len(rows)} rescored trajectories to {a.out}")
-    return 1 if changed else 0
+    return 1 if changed or failed else 0
 
 
 def _cmd_view(a: argparse.Namespace) -> int:

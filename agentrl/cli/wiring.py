@@ -118,9 +118,10 @@ async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: An
     budgets = Budgets(max_turns=cfg.budgets.max_turns, max_completion_tokens=cfg.budgets.max_completion_tokens,
                       context_window=context_window, tool_timeout_s=cfg.budgets.tool_timeout_s)
     rollout = Rollout(env=env, engine=engine, renderer=_renderer(env, tokenizer), sampling=sampling, budgets=budgets)
-    meta = {"model": str(model_path), "engine": engine.info(), "sampling": sampling.model_dump(),
-            "config_hash": _config_hash(cfg), "seed": cfg.seed, "agentrl_version": agentrl.__version__}
     spec = cfg.sandbox.spec.model_copy(update={"default_timeout_s": cfg.budgets.tool_timeout_s})
+    meta = {"model": str(model_path), "engine": engine.info(), "sampling": sampling.model_dump(),
+            "config_hash": _config_hash(cfg), "seed": cfg.seed, "agentrl_version": agentrl.__version__,
+            "env_options": dict(cfg.env_options), "sandbox_spec": spec.model_dump()}
     backend, options = _backend_options(cfg)
     pool = make_pool(backend, spec, warm=cfg.sandbox.warm, max_sandboxes=cfg.sandbox.max_sandboxes,
                      run_id=uuid.uuid4().hex[:12], **options)

@@ -9,8 +9,8 @@ daemon worker thread owns the model and the KV cache; torch releases the GIL, so
 it computes. Results go back with `loop.call_soon_threadsafe`. A cancelled `generate()` only flags its row; the
 worker drops the row at the next step.
 
-Continuous batching. The running batch is one left-padded KV cache (transformers `DynamicCache`, per layer keys /
-values of shape [B, H, T, D]) plus a bool mask [B, T] (False = padding) and the next position id of every row:
+Continuous batching. The running batch (`batch_cache.RunningBatch`) is one left-padded KV cache (per layer keys /
+values [B, H, T, D] in preallocated buffers) plus a bool mask [B, T] (False = padding) and each row's next position:
 
     step:  admit pending rows (up to max_batch_size) -> prefill them as their own left-padded batch (in column chunks
            of at most `prefill_chunk_tokens` tokens) -> sample their first token -> merge their cache into the running
@@ -20,6 +20,10 @@ values of shape [B, H, T, D]) plus a bool mask [B, T] (False = padding) and the 
 Invariant: the cache holds every token of a row except its last sampled one, which is the next decode input; its
 position id is the row's real-token count, so padding never shifts positions and the logits equal a single-sequence
 forward pass (checked by the tests to 1e-4 in fp32).
+
+Prefix cache. A finished row's keys/values are kept per session (`batch_cache.PrefixCache`, LRU, `prefix_cache_mb`),
+so a trajectory's next turn (previous input + reply + tool tokens) prefills only its new tokens; `cached_tokens` in
+the Generation says how many were reused. Cleared on every weight update.
 
 Weight updates drain: `update_weights` stops admission, lets running rows finish with the old weights, applies the
 new weights between steps and resumes. Every Generation is produced by exactly one weight version and tagged with it.
@@ -40,10 +44,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from transformers.cache_utils import CacheLayerMixin as _CacheLayerMixin
 
-from agentrl.engine.models import validate_checkpoint_dir
+from agentrl.engine.batch_cache import PrefixCache, RunningBatch, cache_from_prefixes, new_prefill_cache
+from agentrl.engine.models import resolve_model, validate_checkpoint_dir
+from agentrl.engine.sampling import sample
 from agentrl.errors import ConfigError, EngineError, EngineUnavailableError
 from agentrl.types import Generation, SamplingParams
 
@@ -56,6 +60,8 @@ class EngineStats:
 
     forward_calls: int = 0  # model forward passes (prefill chunks + decode steps)
     prefill_calls: int = 0
+    prefill_tokens: int = 0  # prompt tokens computed
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache instead
     decode_steps: int = 0
     max_batch_rows: int = 0  # the most rows any one forward pass carried
     generated_tokens: int = 0
@@ -68,6 +74,7 @@ class _Row:
     """One generate() call: its inputs, where to deliver the result, and what it generated so far."""
 
     input_ids: list[int]
+    session_id: str
     sampling: SamplingParams
     max_new: int
     stop_ids: frozenset[int]
@@ -77,6 +84,7 @@ class _Row:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     version: int = 0
+    cached: int = 0  # leading input tokens whose keys/values came from the prefix cache
     cancelled: bool = False
 
 
@@ -89,7 +97,16 @@ class _Update:
 
 
 class LocalEngine:
-    """transformers in-process, continuously batched. See the module docstring for the threading and batching model."""
+    """transformers in-process, continuously batched. See the module docstring for the threading and batching model.
+
+    `model_path`: a Hugging Face checkpoint dir (`models.resolve_model` turns "smollm2" into one). `max_batch_size`:
+    rows decoded together. `context_window`: prompt + new tokens per sequence (default: the model's
+    max_position_embeddings, capped at 8192). `batch_wait_ms`: how long an idle engine waits after a first arrival
+    for more to share its prefill. `seed`: with it (or `SamplingParams.seed`) sampling is reproducible per
+    (session_id, call index). `num_threads`: sets torch's process-wide intra-op threads (default: torch's choice).
+    `prefix_cache_mb`: memory for per-session KV reuse across turns (0 turns it off).
+    `engine.model` is the live module (colocated trainers may share it; see `update_weights`).
+    """
 
     name = "local"
 
@@ -106,15 +123,16 @@ class LocalEngine:
         prefill_chunk_tokens: int = 2048,
         max_pending: int = 4096,
         num_threads: int | None = None,
+        prefix_cache_mb: int = 1024,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
-        if max_batch_size < 1 or prefill_chunk_tokens < 1 or max_pending < 1:
-            raise ConfigError("max_batch_size, prefill_chunk_tokens and max_pending must be >= 1")
-        self.model_path = validate_checkpoint_dir(Path(model_path))
+        if max_batch_size < 1 or prefill_chunk_tokens < 1 or max_pending < 1 or prefix_cache_mb < 0:
+            raise ConfigError("max_batch_size, prefill_chunk_tokens, max_pending must be >= 1, prefix_cache_mb >= 0")
+        self.model_path = resolve_model(model_path)  # a checkpoint dir, or "smollm2" for the embedded model
         if num_threads is not None:
             torch.set_num_threads(num_threads)  # process-wide: torch has one intra-op pool
-        self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        self.dtype = _dtype(dtype)
         self.device = torch.device(device)
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
         self.vocab_size = int(self.model.config.get_text_config().vocab_size)
@@ -132,7 +150,8 @@ class LocalEngine:
         self._pending: collections.deque[_Row] = collections.deque()
         self._updates: collections.deque[_Update] = collections.deque()
         self._closed = False
-        self._batch = _RunningBatch()
+        self._batch = RunningBatch()
+        self._prefix = PrefixCache(prefix_cache_mb * 2**20)
         self._thread = threading.Thread(target=self._run, name="agentrl-local-engine", daemon=True)
         self._thread.start()
 
@@ -160,6 +179,7 @@ class LocalEngine:
         loop = asyncio.get_running_loop()
         row = _Row(
             input_ids=ids,
+            session_id=session_id,
             sampling=sampling,
             max_new=max_new,
             stop_ids=frozenset(self.eos_token_ids) | frozenset(sampling.stop_token_ids),
@@ -177,7 +197,9 @@ class LocalEngine:
     async def update_weights(self, source: Any, version: int) -> None:
         """Copy new weights in place (state dict, nn.Module or checkpoint dir) and tag later generations `version`.
 
-        Waits until rows in flight have finished with the old weights (see module docstring), then applies.
+        Waits until rows in flight have finished with the old weights (see module docstring), then applies. Passing
+        `engine.model` itself (a trainer that trains the shared module in place) only moves the version; such a
+        trainer must not step its optimizer while generations are in flight.
         """
         state = await self._state_from(source)
         loop = asyncio.get_running_loop()
@@ -269,11 +291,15 @@ class LocalEngine:
 
     # ------------------------------------------------------------------------------------------ worker thread
     def _run(self) -> None:
+        reason = EngineUnavailableError("local engine is closed")
         try:
             while self._next_step():
                 pass
+        except BaseException as exc:  # a bug in the loop itself: callers get an error instead of hanging
+            reason = EngineUnavailableError(f"local engine worker stopped: {exc!r}")
+            raise
         finally:
-            self._fail_all(EngineUnavailableError("local engine is closed"))
+            self._fail_all(reason)
 
     def _next_step(self) -> bool:
         """One iteration of the loop: wait for work, apply updates / admit / decode. False when closing."""
@@ -287,9 +313,9 @@ class LocalEngine:
                 self._drop_cancelled()
                 if self._batch.rows:
                     self._decode()
-            except Exception as exc:  # a failed forward fails its rows, never the loop
+            except Exception as exc:  # noqa: BLE001 - a failed forward (OOM, bad input) fails its rows, never the loop
                 failed = admitted + self._batch.rows
-                self._batch = _RunningBatch()
+                self._batch = RunningBatch()
                 for row in failed:
                     _deliver(row, exception=EngineError(f"local engine step failed: {exc!r}"))
         return True
@@ -330,6 +356,8 @@ class LocalEngine:
             self._cond.wait(left)
 
     def _apply_updates(self, updates: list[_Update]) -> None:
+        if updates:
+            self._prefix.clear()  # keys/values computed by the old weights are stale
         for update in updates:
             try:
                 if update.state is not None:
@@ -337,33 +365,49 @@ class LocalEngine:
                         self.model.load_state_dict(update.state, strict=True)
                 self._version = update.version
                 _settle(update.loop, update.future, None, None)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - reported to the caller of update_weights
                 _settle(update.loop, update.future, None, ConfigError(f"update_weights failed: {exc}"))
 
     def _prefill(self, rows: list[_Row]) -> None:
-        """Run the prompts of `rows` (left-padded, in column chunks), sample their first token, merge them in."""
-        for row in rows:
-            row.version = self._version
+        """Admit `rows`: take their sessions' cached prefixes, then prefill cache hits and misses as two groups."""
+        taken = [self._prefix.take(r.session_id, r.input_ids) for r in rows]
+        for hit in (False, True):
+            group = [i for i, (_, n) in enumerate(taken) if bool(n) == hit]
+            if group:
+                self._prefill_group([rows[i] for i in group], [taken[i][0] for i in group], [taken[i][1] for i in group])
+
+    def _prefill_group(self, rows: list[_Row], prefixes: list[Any], cached: list[int]) -> None:
+        """Compute the uncached input tokens of `rows` (right-aligned, in column chunks), sample, merge them in.
+
+        Columns: [0, past) hold reused keys/values, [past, past + suffix) are computed here. Row i's tokens are the
+        last len(input_ids) columns; it reuses reuse[i] <= cached[i] stored tokens (fewer when another row of the
+        group needs more suffix columns: those tokens are simply recomputed)."""
         lengths = [len(r.input_ids) for r in rows]
-        width = max(lengths)
-        ids = torch.zeros((len(rows), width), dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.bool)
+        suffix = max(n - c for n, c in zip(lengths, cached))
+        reuse = [max(0, n - suffix) for n in lengths]
+        past = max(reuse)
+        ids = torch.zeros((len(rows), suffix), dtype=torch.long)
+        mask = torch.zeros((len(rows), past + suffix), dtype=torch.bool)
         for i, row in enumerate(rows):
-            ids[i, width - lengths[i] :] = torch.tensor(row.input_ids)
-            mask[i, width - lengths[i] :] = True
+            row.version, row.cached = self._version, reuse[i]
+            todo = row.input_ids[reuse[i] :]
+            ids[i, suffix - len(todo) :] = torch.tensor(todo)
+            mask[i, past + suffix - lengths[i] :] = True
         ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        cache = _new_cache(self.model)
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
+        cache = cache_from_prefixes(self.model, prefixes, reuse) if past else new_prefill_cache(self.model)
         chunk = max(1, self.prefill_chunk_tokens // len(rows))
-        for start in range(0, width, chunk):
-            end = min(width, start + chunk)
+        for start in range(0, suffix, chunk):
+            end = min(suffix, start + chunk)
             out = self.model(
-                input_ids=ids[:, start:end], attention_mask=mask[:, :end], position_ids=positions[:, start:end],
-                cache=cache, use_cache=True, logits_to_keep=1,
+                input_ids=ids[:, start:end], attention_mask=mask[:, : past + end],
+                position_ids=positions[:, start:end], cache=cache, use_cache=True, logits_to_keep=1,
             )
             self._count(prefill=True, rows=len(rows))
-        fresh = _RunningBatch(rows=list(rows), cache=cache, mask=mask,
-                              next_pos=torch.tensor(lengths, device=self.device))
+        with self._cond:
+            self._stats.prefill_tokens += sum(lengths) - sum(reuse)
+            self._stats.cached_tokens += sum(reuse)
+        fresh = RunningBatch(rows=list(rows), cache=cache, mask=mask, next_pos=torch.tensor(lengths, device=self.device))
         self._batch = self._batch.merge(fresh)
         self._sample_and_finish(out.logits[:, -1], first=len(self._batch.rows) - len(rows))
 
@@ -388,7 +432,7 @@ class LocalEngine:
             row.output_ids.append(token)
             row.logprobs.append(logprob)
             if token in row.stop_ids or len(row.output_ids) >= row.max_new:
-                self._finish(row, "stop" if token in row.stop_ids else "length")
+                self._finish(row, "stop" if token in row.stop_ids else "length", first + offset)
             else:
                 keep.append(first + offset)
         with self._cond:
@@ -403,9 +447,15 @@ class LocalEngine:
                 self._stats.cancelled += len(self._batch.rows) - len(keep)
             self._batch = self._batch.select(keep)
 
-    def _finish(self, row: _Row, reason: str) -> None:
+    def _finish(self, row: _Row, reason: str, index: int) -> None:
+        """Deliver row `index` of the batch and keep its keys/values for the session's next turn."""
+        if self._prefix.max_bytes:
+            length = len(row.input_ids) + len(row.output_ids) - 1  # the last sampled token was never fed
+            tokens = (row.input_ids + row.output_ids)[:length]
+            self._prefix.put(row.session_id, tokens, self._batch.row_kv(index, length))
         generation = Generation(
-            output_ids=row.output_ids, logprobs=row.logprobs, finish_reason=reason, weight_version=row.version
+            output_ids=row.output_ids, logprobs=row.logprobs, finish_reason=reason, weight_version=row.version,
+            cached_tokens=row.cached,
         )
         with self._cond:
             self._stats.finished += 1
@@ -425,184 +475,20 @@ class LocalEngine:
             updates = list(self._updates)
             self._pending.clear()
             self._updates.clear()
-            self._batch = _RunningBatch()
+            self._batch = RunningBatch()
         for row in rows:
             _deliver(row, exception=exc)
         for update in updates:
             _settle(update.loop, update.future, None, exc)
 
 
-@dataclass(eq=False)
-class _RunningBatch:
-    """The rows being decoded and their left-padded KV cache. All tensors share the batch order of `rows`."""
-
-    rows: list[_Row] = field(default_factory=list)
-    cache: Any = None  # transformers DynamicCache whose layers are `_SlotLayer`s: keys/values [B, H, T, D]
-    mask: torch.Tensor | None = None  # [B, T] bool, False at left padding
-    next_pos: torch.Tensor | None = None  # [B] position id of each row's next decode input
-
-    def merge(self, other: _RunningBatch) -> _RunningBatch:
-        """Concatenate on B after left-padding both caches to the same T. `other`'s rows come last."""
-        parts = [b for b in (self, other) if b.rows]
-        width = max(b.mask.shape[1] for b in parts)
-        layers = zip(*[b.cache.layers for b in parts])
-        cache = other.cache
-        cache.layers = [_SlotLayer.concat([(l.keys, l.values) for l in group], width) for group in layers]
-        mask = torch.cat([_pad_left(b.mask, width, 1) for b in parts])
-        return _RunningBatch(rows=[r for b in parts for r in b.rows], cache=cache, mask=mask,
-                             next_pos=torch.cat([b.next_pos for b in parts]))
-
-    def select(self, keep: list[int]) -> _RunningBatch:
-        """Keep only rows `keep` (in order) and cut the columns that are padding for every remaining row."""
-        if not keep:
-            return _RunningBatch()
-        index = torch.tensor(keep, device=self.mask.device)
-        mask = self.mask.index_select(0, index)
-        start = int(mask.any(dim=0).long().argmax())  # first column some row still uses
-        for layer in self.cache.layers:
-            layer.select(index, start)
-        return _RunningBatch(rows=[self.rows[i] for i in keep], cache=self.cache, mask=mask[:, start:],
-                             next_pos=self.next_pos.index_select(0, index))
-
-
-class _SlotLayer(_CacheLayerMixin):
-    """A KV cache layer backed by a preallocated [B, H, capacity, D] buffer, appended to in place.
-
-    transformers' DynamicLayer re-concatenates the whole cache on every decode step (O(T) copies per token); this
-    layer writes the new column into spare capacity and exposes `keys`/`values` as views [B, H, T, D].
-    """
-
-    is_sliding = False
-    is_compileable = False
-    is_initialized = True
-    headroom = 64  # spare columns allocated on each (re)allocation
-
-    def __init__(self, key_buf: torch.Tensor, value_buf: torch.Tensor, length: int) -> None:
-        self.key_buf, self.value_buf, self.length = key_buf, value_buf, length
-        self.device, self.dtype = key_buf.device, key_buf.dtype
-
-    @classmethod
-    def concat(cls, parts: list[tuple[torch.Tensor, torch.Tensor]], width: int, spare: int = 0) -> _SlotLayer:
-        """Right-align every part's [b, H, t, D] keys/values into one new buffer of `width` used columns
-        (+ at least `headroom` spare ones)."""
-        keys0 = parts[0][0]
-        batch = sum(k.shape[0] for k, _ in parts)
-        shape = (batch, keys0.shape[1], width + max(spare, cls.headroom), keys0.shape[3])
-        key_buf, value_buf = keys0.new_zeros(shape), keys0.new_zeros(shape)
-        row = 0
-        for keys, values in parts:
-            b, t = keys.shape[0], keys.shape[2]
-            key_buf[row : row + b, :, width - t : width] = keys
-            value_buf[row : row + b, :, width - t : width] = values
-            row += b
-        return cls(key_buf, value_buf, width)
-
-    @property
-    def keys(self) -> torch.Tensor:
-        return self.key_buf[:, :, : self.length]
-
-    @property
-    def values(self) -> torch.Tensor:
-        return self.value_buf[:, :, : self.length]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        new = key_states.shape[2]
-        if self.length + new > self.key_buf.shape[2]:
-            grown = _SlotLayer.concat([(self.keys, self.values)], self.length, spare=new)
-            self.key_buf, self.value_buf = grown.key_buf, grown.value_buf
-        self.key_buf[:, :, self.length : self.length + new] = key_states
-        self.value_buf[:, :, self.length : self.length + new] = value_states
-        self.length += new
-        return self.keys, self.values
-
-    def select(self, index: torch.Tensor, start: int) -> None:
-        """Keep batch rows `index` and drop the first `start` columns (padding for all kept rows)."""
-        self.key_buf = self.key_buf.index_select(0, index)[:, :, start:]
-        self.value_buf = self.value_buf.index_select(0, index)[:, :, start:]
-        self.length -= start
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        return None  # built initialised by `concat`
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.length + query_length, 0
-
-    def get_max_length(self) -> int:
-        return -1
-
-
-def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row of `logits` [B, V]; return (tokens [B], logprobs [B]).
-
-    The logprob is log_softmax(logits / T) at the chosen token, before top-p/top-k filtering (T = 1 for greedy rows,
-    which take the argmax). Sampled rows draw from the filtered distribution with their own generator.
-    """
-    logits = logits.float()
-    temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=logits.device)
-    scaled = logits / temps[:, None]
-    tokens = scaled.argmax(dim=-1)
-    for i, (p, generator) in enumerate(zip(params, generators)):
-        if not p.greedy:
-            tokens[i] = _sample_row(scaled[i], p, generator)
-    logprobs = torch.log_softmax(scaled, dim=-1).gather(1, tokens[:, None]).squeeze(1)
-    return tokens, logprobs
-
-
-def _sample_row(scaled: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """Sample from softmax(scaled) restricted to the top-k tokens and the top-p nucleus (always keeps the best)."""
-    if p.top_k == 0 and p.top_p >= 1.0:
-        return _draw(torch.softmax(scaled, dim=-1), generator)
-    values, order = _top_candidates(scaled, p)
-    probs = torch.softmax(scaled, dim=-1)[order] if p.top_k == 0 else torch.softmax(values, dim=-1)
-    if p.top_p < 1.0:
-        outside = probs.cumsum(-1) - probs >= p.top_p  # the mass before this token already reaches top_p
-        probs = probs.masked_fill(outside, 0.0)
-    return order[_draw(probs, generator)]
-
-
-def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Inverse-CDF draw of one index from unnormalised `probs` [V] with one uniform from `generator` (CPU)."""
-    cdf = probs.double().cumsum(0).cpu()
-    u = torch.rand((), generator=generator, dtype=torch.float64) * cdf[-1]
-    index = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[0] - 1)
-    return index.to(probs.device)
-
-
-def _top_candidates(scaled: torch.Tensor, p: SamplingParams, first_try: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tokens that top-k / top-p may keep, best first: `topk` instead of a full sort whenever that is exact."""
-    if p.top_k:
-        return torch.topk(scaled, min(p.top_k, scaled.shape[-1]))
-    if first_try < scaled.shape[-1]:
-        values, order = torch.topk(scaled, first_try)
-        if torch.softmax(scaled, dim=-1)[order].sum() >= p.top_p:  # the nucleus lies inside these candidates
-            return values, order
-    return scaled.sort(descending=True)
-
-
-def _pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    missing = width - t.shape[dim]
-    if missing == 0:
-        return t
-    pad = [0, 0] * (t.dim() - 1 - dim) + [missing, 0]
-    return F.pad(t, pad)  # zeros / False: masked out, never attended
-
-
-def _new_cache(model: Any) -> Any:
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
-    cache = DynamicCache(config=model.config)
-    if any(type(layer) is not DynamicLayer for layer in cache.layers):
-        raise ConfigError(
-            f"{type(model).__name__} uses sliding-window or other non-standard KV cache layers, which the local "
-            f"engine's batching does not support; use a full-attention model or the sglang engine"
-        )
-    return cache
+def _dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype), None)
+    if not isinstance(value, torch.dtype):
+        raise ConfigError(f"dtype={dtype!r} is not a torch dtype: use 'float32' or 'bfloat16'")
+    return value
 
 
 def _eos_ids(model: Any) -> list[int]:

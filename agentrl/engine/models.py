@@ -92,7 +92,17 @@ def ensure_embedded_model(cache_dir: Path | None = None) -> Path:
         return target
     gguf = embedded_gguf_path()
     _require_gguf_support()
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return _convert_once(gguf, target)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the model cache {target.parent} ({exc}); set AGENTRL_CACHE to a writable directory"
+        ) from exc
+
+
+def _convert_once(gguf: Path, target: Path) -> Path:
+    """Convert under a file lock (one converter per cache dir), into a temp dir renamed into place at the end."""
     from filelock import FileLock  # a dependency of huggingface_hub, hence always there with transformers
 
     with FileLock(str(target) + ".lock"):

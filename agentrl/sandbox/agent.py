@@ -23,14 +23,13 @@ After binding, the agent prints READY_LINE on stdout so the starter needs no pol
 
 from __future__ import annotations
 
-import argparse
 import base64
-import hmac
 import json
 import os
 import selectors
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -82,11 +81,13 @@ class ExecRun:
         self.timed_out = False
 
     def start(self) -> subprocess.Popen:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             self.argv, cwd=self.cwd, env=self.env, start_new_session=True, close_fds=True,
             stdin=subprocess.PIPE if self.stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
+        _prefer_oom_kill(proc.pid)
+        return proc
 
     def _append(self, buf: bytearray, data: bytes) -> None:
         room = self.limit - len(buf)
@@ -174,6 +175,16 @@ class ExecRun:
                 if not data:
                     break
                 self._append(buf, data)
+
+
+def _prefer_oom_kill(pid: int) -> None:
+    """Make the command (and what it forks from now on) the OOM killer's first choice, so that a memory hog
+    dies rather than the agent. Raising oom_score_adj needs no privilege; best effort."""
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
 
 
 def _pidfd(pid: int) -> int | None:
@@ -265,7 +276,7 @@ class Agent:
         mode = int(req.get("mode", 0o644))
         os.makedirs(os.path.dirname(target), exist_ok=True)
         resolve_in_workspace(self.workspace, target)  # a parent may have been a symlink created meanwhile
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+        fd = _open_regular(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode, req["path"])
         try:
             view = memoryview(data)
             while view:
@@ -277,11 +288,10 @@ class Agent:
 
     def read(self, req: dict) -> dict:
         target = resolve_in_workspace(self.workspace, req.get("path"))
-        if os.path.isdir(target):
-            raise HTTPError(400, f"path {req['path']!r} is a directory")
-        if os.path.getsize(target) > MAX_READ:
-            raise HTTPError(413, f"file {req['path']!r} is larger than {MAX_READ} bytes; read it in parts via exec")
-        with open(target, "rb") as f:
+        fd = _open_regular(target, os.O_RDONLY, 0, req["path"])
+        with open(fd, "rb") as f:
+            if os.fstat(fd).st_size > MAX_READ:
+                raise HTTPError(413, f"file {req['path']!r} is larger than {MAX_READ} bytes; read it in parts via exec")
             return {"content_b64": base64.b64encode(f.read()).decode("ascii")}
 
     def kill_all(self) -> None:
@@ -289,6 +299,16 @@ class Agent:
             groups = list(self._groups)
         for pgid in groups:
             _killpg(pgid)
+
+
+def _open_regular(path: str, flags: int, mode: int, shown: str) -> int:
+    """os.open that never blocks on a FIFO or device (O_NONBLOCK) and refuses anything but a regular file."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW, mode)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise HTTPError(400, f"path {shown!r} is not a regular file (a directory, FIFO or device)")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def _result(code: int | None, out: bytes, err: bytes, timed_out: bool, truncated: bool, start: float) -> dict:
@@ -379,6 +399,8 @@ def _handle(agent: Agent, token: str | None, method: str, target: str, headers: 
 
 
 def _authorized(headers: dict, token: str) -> bool:
+    import hmac  # only tcp agents need it (importing hashlib costs start-up time)
+
     value = headers.get("authorization", "")
     return value.startswith("Bearer ") and hmac.compare_digest(value[7:].encode(), token.encode())
 
@@ -409,17 +431,18 @@ def _read_request(rfile) -> tuple[str, str, dict, bytes | None] | None:
 # ---------------------------------------------------------------- main
 
 
-def _listen(args: argparse.Namespace) -> socket.socket:
-    if args.unix:
+def _listen(opts: dict[str, str]) -> socket.socket:
+    unix = opts.get("--unix")
+    if unix:
         try:
-            os.unlink(args.unix)
+            os.unlink(unix)
         except FileNotFoundError:
             pass
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(args.unix)
-        os.chmod(args.unix, 0o600)
+        sock.bind(unix)
+        os.chmod(unix, 0o600)
     else:
-        host, _, port = args.tcp.rpartition(":")
+        host, _, port = opts["--tcp"].rpartition(":")
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host.strip("[]") or "0.0.0.0", int(port)))
@@ -427,26 +450,30 @@ def _listen(args: argparse.Namespace) -> socket.socket:
     return sock
 
 
-def _token(args: argparse.Namespace) -> str | None:
-    if args.unix:
+def _token(opts: dict[str, str]) -> str | None:
+    if "--unix" in opts:
         return None
     token = os.environ.get("AGENTRL_AGENT_TOKEN", "")
-    if args.token_file:
-        with open(args.token_file, encoding="utf-8") as f:
+    if "--token-file" in opts:
+        with open(opts["--token-file"], encoding="utf-8") as f:
             token = f.read().strip()
     if not token:
         sys.exit("agent: --tcp needs a bearer token: pass --token-file FILE or set AGENTRL_AGENT_TOKEN")
     return token
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="agentrl in-sandbox agent")
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--unix", help="listen on this unix socket path")
-    where.add_argument("--tcp", help="listen on HOST:PORT (needs a token)")
-    p.add_argument("--token-file", help="file holding the bearer token (tcp)")
-    p.add_argument("--workspace", required=True, help="root of the files /read and /write may touch")
-    return p.parse_args(argv)
+USAGE = "usage: agent.py (--unix PATH | --tcp HOST:PORT [--token-file FILE]) --workspace DIR"
+
+
+def _parse(argv: list[str] | None) -> dict[str, str]:
+    """--unix | --tcp, --token-file, --workspace (hand-parsed: argparse costs ~10 ms of start-up)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) % 2 or any(k not in ("--unix", "--tcp", "--token-file", "--workspace") for k in args[::2]):
+        sys.exit(USAGE)
+    opts = dict(zip(args[::2], args[1::2]))
+    if ("--unix" in opts) == ("--tcp" in opts) or "--workspace" not in opts:
+        sys.exit(USAGE)
+    return opts
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -454,11 +481,11 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
-    token = _token(args)
-    os.makedirs(args.workspace, exist_ok=True)
-    agent = Agent(args.workspace)
-    sock = _listen(args)
+    opts = _parse(argv)
+    token = _token(opts)
+    os.makedirs(opts["--workspace"], exist_ok=True)
+    agent = Agent(opts["--workspace"])
+    sock = _listen(opts)
     signal.signal(signal.SIGTERM, _on_sigterm)
     print(READY_LINE, flush=True)
     try:
@@ -470,9 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         agent.kill_all()
         sock.close()
-        if args.unix:
+        if "--unix" in opts:
             try:
-                os.unlink(args.unix)
+                os.unlink(opts["--unix"])
             except OSError:
                 pass
     return 0

@@ -39,11 +39,13 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from agentrl.errors import ConfigError, MissingDependencyError, SandboxDiedError, SandboxError, SandboxStartError
 from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
@@ -52,6 +54,7 @@ from agentrl.sandbox.client import AgentClient
 try:
     import docker
     import docker.errors
+    import requests
     from docker.types import Ulimit
 except ImportError:  # pragma: no cover - exercised only without the [docker] extra
     docker = None
@@ -81,10 +84,10 @@ def _proc_start(pid: int) -> str | None:
     """Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat); None when there is no such pid."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode("ascii", "replace")
+            text = f.read().decode("ascii", "replace")
     except OSError:
         return None
-    return stat.rpartition(")")[2].split()[19]
+    return text.rpartition(")")[2].split()[19]
 
 
 def _owner_dead(labels: dict[str, str], host: str) -> bool:
@@ -114,6 +117,12 @@ def should_remove(labels: dict[str, str], *, now: float, host: str, run_id: str 
     return _expired(labels, now) or _owner_dead(labels, host)
 
 
+def _why(e: Exception) -> str:
+    if isinstance(e, docker.errors.APIError):
+        return str(e.explanation or e)
+    return f"{e} (is dockerd running? start it, e.g. .ci/docker-setup.sh)"
+
+
 def default_socket_root() -> Path:
     """Where per-sandbox socket dirs live: the temp dir for root, else $XDG_RUNTIME_DIR (a per-user tmpfs)."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
@@ -130,11 +139,12 @@ class DockerBackend:
 
     name = "docker"
 
-    def __init__(self, *, docker_host: str | None = None, state_dir: str | os.PathLike[str] | None = None, network: str = "bridge",
-                 max_workers: int = 16, api_timeout_s: float = 60.0, start_timeout_s: float = 60.0,
-                 agent_file: Path | None = None) -> None:
+    def __init__(self, *, docker_host: str | None = None, state_dir: str | os.PathLike[str] | None = None,
+                 network: str = "bridge", max_workers: int = 16, api_timeout_s: float = 60.0,
+                 start_timeout_s: float = 60.0, agent_file: Path | None = None) -> None:
         if docker is None:
-            raise MissingDependencyError("the docker sandbox backend needs the Docker SDK: pip install 'agentrl[docker]'")
+            raise MissingDependencyError(
+                "the docker sandbox backend needs the Docker SDK: pip install 'agentrl[docker]'")
         if max_workers < 1:
             raise ConfigError(f"DockerBackend max_workers={max_workers}: use 1 or more")
         self._docker_host = docker_host
@@ -148,6 +158,7 @@ class DockerBackend:
         self._api: Any = None
         self._api_lock = asyncio.Lock()
         self._live: dict[str, SandboxHandle] = {}  # created by this object and not destroyed yet
+        self._unremoved: set[str] = set()  # names in _live whose removal failed (dockerd down): retried later
         self._host = _host_id()
         self._pid = os.getpid()
         self._pid_start = _proc_start(self._pid) or ""
@@ -160,7 +171,17 @@ class DockerBackend:
     # ------------------------------------------------------------------ plumbing
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._threads, functools.partial(fn, *args, **kwargs))
+        """Run a blocking SDK call on the backend's threads. If the caller is cancelled, still wait for the call to
+        finish (at most api_timeout_s) before re-raising: a cancelled create must not finish creating a container
+        after the cleanup that removes it has already run."""
+        fut = asyncio.get_running_loop().run_in_executor(self._threads, functools.partial(fn, *args, **kwargs))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            await asyncio.wait([fut])
+            if not fut.cancelled():
+                fut.exception()  # retrieved: the cancellation is what propagates
+            raise
 
     async def api(self) -> Any:
         """The low-level `docker.APIClient`, created on first use (creating it asks dockerd for its version)."""
@@ -189,6 +210,8 @@ class DockerBackend:
         all_labels = self._labels(spec, labels, sock_dir)
         handle = SandboxHandle(id=name, backend=self.name, labels=all_labels,
                                endpoint=AgentEndpoint(kind="unix", address=str(sock_dir / "agent.sock")))
+        if self._unremoved:
+            await self._retry_removals()
         self._live[name] = handle
         try:
             await self._call(self._make_sock_dir, sock_dir)
@@ -208,6 +231,10 @@ class DockerBackend:
 
     def _make_sock_dir(self, sock_dir: Path) -> None:
         self._socket_root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        st = self._socket_root.lstat()  # in a shared temp dir: refuse a planted symlink or someone else's dir
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise ConfigError(f"sandbox socket directory {self._socket_root} is not a directory owned by uid "
+                              f"{os.geteuid()}; remove it or pass another state_dir")
         sock_dir.mkdir(mode=0o700)
         if self._root_host:
             os.chown(sock_dir, SANDBOX_UID, SANDBOX_UID)
@@ -227,13 +254,13 @@ class DockerBackend:
             raise ConfigError(
                 f"sandbox image {spec.image!r} not found in the Docker Engine: build it with "
                 "`sandbox_images/build.sh --offline-base` (or set sandbox.spec.image to an image that exists)") from e
-        except docker.errors.APIError as e:
-            raise SandboxStartError(f"docker create {handle.id} ({spec.image}) failed: {e.explanation or e}") from e
+        except (docker.errors.DockerException, requests.RequestException) as e:
+            raise SandboxStartError(f"docker create {handle.id} ({spec.image}) failed: {_why(e)}") from e
         t1 = time.monotonic()
         try:
             await self._call(api.start, handle.id)
-        except docker.errors.APIError as e:
-            raise SandboxStartError(f"docker start {handle.id} ({spec.image}) failed: {e.explanation or e}") from e
+        except (docker.errors.DockerException, requests.RequestException) as e:
+            raise SandboxStartError(f"docker start {handle.id} ({spec.image}) failed: {_why(e)}") from e
         handle.timings.update(create_s=t1 - t0, start_s=time.monotonic() - t1)
 
     def _container_config(self, api: Any, handle: SandboxHandle, spec: SandboxSpec, sock_dir: Path) -> dict:
@@ -250,18 +277,18 @@ class DockerBackend:
             log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
         )
         agent = ["python3", AGENT_PATH, "--unix", f"{SOCK_DIR}/agent.sock", "--workspace", WORKSPACE]
-        return {"image": spec.image, "name": handle.id, "command": ["python3", "-c", _TTL_EXEC, str(spec.ttl_s), *agent],
+        command = ["python3", "-c", _TTL_EXEC, str(spec.ttl_s), *agent]
+        return {"image": spec.image, "name": handle.id, "command": command,
                 "user": self._user, "working_dir": WORKSPACE, "hostname": "sandbox", "labels": handle.labels,
                 "environment": {"HOME": WORKSPACE}, "host_config": host_config}
 
     async def _wait_ready(self, handle: SandboxHandle, deadline: float) -> None:
-        """Wait for the agent's socket, then for /health. Watches the container state about once a second so an
-        agent that cannot start fails fast with its log instead of waiting for the deadline."""
+        """Poll /health (a missing socket fails the connect at once) with a growing delay. Watches the container
+        state about once a second so an agent that cannot start fails fast with its log, not at the deadline."""
         t0 = time.monotonic()
-        sock = Path(handle.endpoint.address)
         delay, next_state = 0.002, t0 + 0.5
         while True:
-            if sock.exists() and await self._healthy(handle.endpoint):
+            if await self._healthy(handle.endpoint):
                 handle.timings["agent_ready_s"] = time.monotonic() - t0
                 return
             now = time.monotonic()
@@ -286,7 +313,10 @@ class DockerBackend:
             await client.close()
 
     async def _raise_if_exited(self, handle: SandboxHandle) -> None:
-        state = await self._state(handle)
+        try:
+            state = await self._state(handle)
+        except (docker.errors.DockerException, requests.RequestException) as e:
+            raise SandboxStartError(f"docker inspect {handle.id} failed while waiting for its agent: {_why(e)}") from e
         if state is not None and not state.get("Running"):
             raise SandboxStartError(f"container {handle.id} exited with {state.get('ExitCode')} before its agent "
                                     f"answered; log: {await self._log_tail(handle)}")
@@ -294,7 +324,7 @@ class DockerBackend:
     async def _log_tail(self, handle: SandboxHandle) -> str:
         try:
             raw = await self._call((await self.api()).logs, handle.id, tail=20)
-        except Exception as e:  # diagnostics only: never mask the original failure
+        except Exception as e:  # noqa: BLE001 - diagnostics only: never mask the original failure
             return f"<no log: {e}>"
         return raw.decode("utf-8", "replace").strip()[-2000:] or "<empty>"
 
@@ -321,24 +351,41 @@ class DockerBackend:
         'oom' events). A command that died with SIGKILL (exit code -9 / 137) was killed for memory when this grew."""
         api = await self.api()
         since = int(float(handle.labels.get(L_CREATED, "0"))) - 1
+        until = f"{time.time():.9f}"  # seconds.nanoseconds: a whole-second 'until' in the future would block
         filters = {"container": handle.id, "event": "oom", "type": "container"}
-        events = await self._call(lambda: list(api.events(since=since, until=int(time.time()) + 1, filters=filters,
-                                                          decode=True)))
+        events = await self._call(lambda: list(api.events(since=since, until=until, filters=filters, decode=True)))
         return len(events)
 
     async def destroy(self, handle: SandboxHandle) -> None:
-        """Remove the container (SIGKILL, no grace: the trajectory is over) and its socket dir. Idempotent."""
+        """Remove the container (SIGKILL, no grace: the trajectory is over) and its socket dir. Idempotent.
+        When dockerd cannot remove it now, the next create() and close() try again."""
         try:
             await self._remove(handle.id)
-        finally:
-            self._live.pop(handle.id, None)
-            await self._call(self._remove_sock_dir, handle.labels.get(L_SOCK))
+        except BaseException:
+            self._unremoved.add(handle.id)
+            raise
+        self._live.pop(handle.id, None)
+        self._unremoved.discard(handle.id)
+        await self._call(self._remove_sock_dir, handle.labels.get(L_SOCK))
+
+    async def _retry_removals(self) -> None:
+        for name in list(self._unremoved):
+            handle = self._live.get(name)
+            try:
+                if handle is not None:
+                    await self.destroy(handle)
+                else:
+                    self._unremoved.discard(name)
+            except Exception as e:  # noqa: BLE001 - retried later; must not fail the create that called it
+                log.warning("sandbox %s still not removed: %s", name, e)
+                return  # dockerd is still unhappy: try again next time
+            log.info("removed sandbox %s on retry", name)
 
     async def _discard(self, handle: SandboxHandle) -> None:
         """Best-effort removal after a failed or cancelled create (the original error is what matters)."""
         try:
             await self.destroy(handle)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the create's own error is what propagates
             log.warning("could not remove half-created sandbox %s: %s (agentrl sandbox gc removes it)", handle.id, e)
 
     async def _remove(self, container: str) -> None:
@@ -351,6 +398,8 @@ class DockerBackend:
             if e.status_code == 409 and "already in progress" in str(e.explanation):
                 return
             raise SandboxError(f"docker rm -f {container} failed: {e.explanation or e}") from e
+        except (docker.errors.DockerException, requests.RequestException) as e:
+            raise SandboxError(f"docker rm -f {container} failed: dockerd unreachable ({e})") from e
 
     def _remove_sock_dir(self, path: str | None) -> None:
         """Remove a socket dir, but only one of ours (a label is data, not a path to trust blindly)."""
@@ -400,7 +449,8 @@ class DockerBackend:
         results = await asyncio.gather(*(self.destroy(h) for h in live), return_exceptions=True)
         for handle, result in zip(live, results):
             if isinstance(result, BaseException):
-                log.warning("could not remove sandbox %s on close: %s (agentrl sandbox gc removes it)", handle.id, result)
+                log.warning("could not remove sandbox %s on close: %s (agentrl sandbox gc removes it)",
+                            handle.id, result)
         api, self._api = self._api, None
         if api is not None:
             await self._call(api.close)

@@ -228,7 +228,7 @@ def kill_cgroups(cgroups: tuple[str, ...] | list[str], *, deadline_s: float = 5.
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        time.sleep(0.005)
+        time.sleep(0.002)
     log.warning("processes still in cgroup %s after %.1fs", first, deadline_s)
 
 
@@ -247,4 +247,4 @@ def remove_cgroups(cgroups: tuple[str, ...] | list[str], *, deadline_s: float = 
                 if time.monotonic() > end:
                     log.warning("could not remove cgroup %s: %s", cg, e)
                     break
-                time.sleep(0.01)
+                time.sleep(0.002)

@@ -108,7 +108,7 @@ class LocalBackend:
         self.path_prepend: tuple[str, ...] = ()
         if share_host_python:
             self.ro_binds += (str(Path(sys.prefix).resolve()), str(Path(sys.base_prefix).resolve()))
-            self.path_prepend = (str(Path(sys.prefix, "bin")),)
+            self.path_prepend = (str(Path(sys.prefix).resolve() / "bin"),)
         self.start_timeout_s = start_timeout_s
         self._limits_mode = limits_mode
         self._limiter: limits.Limiter | None = None

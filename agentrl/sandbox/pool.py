@@ -32,6 +32,7 @@ from typing import Any
 from agentrl.errors import ConfigError, MissingDependencyError, SandboxError, SandboxStartError
 from agentrl.sandbox.base import SandboxBackend, SandboxSpec
 from agentrl.sandbox.client import Sandbox
+from agentrl.sandbox.gate import StartGate
 
 log = logging.getLogger("agentrl.sandbox")
 
@@ -75,7 +76,8 @@ class SandboxPool:
                  max_sandboxes: int = 16, run_id: str | None = None, unsafe_no_isolation: bool = False,
                  state_dir: str | os.PathLike[str] | None = None, start_timeout_s: float = 60.0,
                  start_attempts: int = 2, refill_concurrency: int = 4, sweep_on_start: bool = True,
-                 backend_options: Mapping[str, Any] | None = None) -> None:
+                 backend_options: Mapping[str, Any] | None = None, max_starting: int | None = None,
+                 create_rate: float | None = None, cold_start_grace_s: float = 0.0) -> None:
         if warm < 0 or max_sandboxes < 1 or start_attempts < 1 or refill_concurrency < 1:
             raise ConfigError(f"SandboxPool: need warm >= 0 (got {warm}), max_sandboxes >= 1 (got {max_sandboxes}),"
                               f" start_attempts >= 1 (got {start_attempts}), refill_concurrency >= 1")
@@ -86,6 +88,14 @@ class SandboxPool:
         self.start_timeout_s = start_timeout_s
         self.start_attempts = start_attempts
         self.sweep_on_start = sweep_on_start
+        # Creation admission (gate.py): at most max_starting creating at once, create_rate per second, leases'
+        # cold starts before refills. cold_start_grace_s: a lease finding no warm sandbox first waits this long
+        # for a refill already in flight (only while refills outnumber the leases already waiting for one).
+        if cold_start_grace_s < 0:
+            raise ConfigError(f"SandboxPool: cold_start_grace_s={cold_start_grace_s}: use 0 (off) or more seconds")
+        self.cold_start_grace_s = cold_start_grace_s
+        self._gate = StartGate(max_starting, create_rate)
+        self._grace_waiters = 0
         self._backend_arg = backend
         self._backend_options = dict(backend_options or {})
         if unsafe_no_isolation:
@@ -174,6 +184,7 @@ class SandboxPool:
                 yield sb
             finally:
                 self._active.discard(sb)
+                self._need.set()  # with fewer leases out, the warm target may be higher again
                 self._timings["lease_s"].append(time.monotonic() - t1)
                 await self._dispose(sb)
 
@@ -183,7 +194,7 @@ class SandboxPool:
             try:
                 healthy = await sb.health()
             except BaseException:  # cancelled while checking: the sandbox is in no list any more
-                self._destroy_later(sb)
+                await self._dispose(sb)
                 raise
             if healthy:
                 self._counters["warm_hits"] += 1
@@ -192,8 +203,26 @@ class SandboxPool:
             self._counters["failures"] += 1
             self._counters["replaced"] += 1
             self._destroy_later(sb)
+        if await self._wait_for_refill():
+            return await self._acquire()
         self._counters["cold_starts"] += 1
         return await self._start()
+
+    async def _wait_for_refill(self) -> bool:
+        """The cold-start grace. True when a warm sandbox became ready while waiting."""
+        if self.cold_start_grace_s <= 0 or self._starting <= self._grace_waiters:
+            return False
+        self._grace_waiters += 1
+        try:
+            async with asyncio.timeout(self.cold_start_grace_s):
+                while not self._ready:
+                    self._grew.clear()
+                    await self._grew.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self._grace_waiters -= 1
+        return bool(self._ready)
 
     async def _start(self) -> Sandbox:
         """Create a sandbox and confirm its agent answers; retry up to start_attempts. Raises SandboxStartError."""
@@ -207,7 +236,11 @@ class SandboxPool:
                 log.warning("sandbox start attempt %d/%d failed: %s", attempt, self.start_attempts, e)
         raise SandboxStartError(f"could not start a sandbox after {self.start_attempts} attempt(s): {last}") from last
 
-    async def _start_once(self) -> Sandbox:
+    async def _start_once(self, *, priority: bool = True) -> Sandbox:
+        async with self._gate.slot(priority=priority):  # refills (priority=False) yield to leases
+            return await self._start_admitted()
+
+    async def _start_admitted(self) -> Sandbox:
         t0 = time.monotonic()
         try:
             async with asyncio.timeout(self.start_timeout_s):
@@ -218,10 +251,10 @@ class SandboxPool:
         try:
             healthy = await sb.health()
         except BaseException:
-            self._destroy_later(sb)
+            await self._dispose(sb)
             raise
         if not healthy:
-            self._destroy_later(sb)
+            await self._dispose(sb)
             raise SandboxStartError(f"sandbox {handle.id} started but its agent does not answer health checks")
         self._timings["create_s"].append(handle.timings.get("create_s", time.monotonic() - t0))
         self._timings["agent_ready_s"].append(time.monotonic() - t0)
@@ -261,7 +294,7 @@ class SandboxPool:
                 await self._need.wait()
             self._starting += 1
             try:
-                sb = await self._start_once()
+                sb = await self._start_once(priority=False)
             except (SandboxError, OSError) as e:
                 self._counters["failures"] += 1
                 backoff = min(30.0, max(0.5, backoff * 2))

@@ -70,7 +70,7 @@ def _parameter_mismatches(engine_model: Any, trainer_model: Any) -> list[str]:
     if missing or extra:
         out.append(f"model: parameter names differ (engine only: {missing[:3]}, trainer only: {extra[:3]})")
     if shapes:
-        k = sorted(shapes)[0]
+        k = min(shapes)
         out.append(f"model: {len(shapes)} parameter shapes differ, e.g. {k}: engine {tuple(engine_sd[k].shape)} vs "
                    f"trainer {tuple(trainer_sd[k].shape)}")
     return out

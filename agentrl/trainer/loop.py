@@ -10,7 +10,6 @@ cancels the coroutine, so every `finally` (sandbox teardown) still runs on the l
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -34,15 +33,20 @@ class BackgroundLoop:
         """Run `coro` on the loop and return its result (or raise its exception) in the calling thread."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("BackgroundLoop.run called from its own loop thread (would deadlock); await instead")
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        finished = threading.Event()
+
+        async def tracked() -> T:
+            try:
+                return await coro
+            finally:
+                finished.set()
+
+        future = asyncio.run_coroutine_threadsafe(tracked(), self.loop)
         try:
             return future.result(timeout)
-        except (KeyboardInterrupt, concurrent.futures.TimeoutError):
+        except (KeyboardInterrupt, TimeoutError):
             future.cancel()
-            try:  # let the coroutine's finally blocks (sandbox teardown) run before we propagate
-                future.result(30)
-            except BaseException:
-                pass
+            finished.wait(30)  # let the coroutine's finally blocks (sandbox teardown) run before we propagate
             raise
 
     @property
@@ -69,7 +73,7 @@ class BackgroundLoop:
             if not self._thread.is_alive():
                 self.loop.close()
 
-    def __enter__(self) -> BackgroundLoop:
+    def __enter__(self) -> BackgroundLoop:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -97,13 +97,9 @@ def table_header() -> str:
     return "  ".join(h.rjust(w) for h, _, w, _ in _COLUMNS)
 
 
-def table_row(row: dict[str, Any], total_steps: int | None = None) -> str:
+def table_row(row: dict[str, Any]) -> str:
     cells = []
     for _, key, width, fmt in _COLUMNS:
         value = row.get(key)
-        if key == "step" and total_steps:
-            text = f"{value}/{total_steps}"
-        else:
-            text = "-" if value is None else fmt.format(value)
-        cells.append(text.rjust(width))
+        cells.append(("-" if value is None else fmt.format(value)).rjust(width))
     return "  ".join(cells) + ("  (reused rollout)" if row.get("reused_rollout") else "")

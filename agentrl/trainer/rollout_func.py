@@ -132,8 +132,11 @@ class AgentRollout:
         self.steps[step] = StepRollout(step, trajectories, time.perf_counter() - t0, reused)
         return to_trl_batch(trajectories, self.end_id)
 
-    def maybe_sync(self, trainer: Any) -> float:
-        """Sync the engine to `global_step` unless it already holds that version; returns the seconds spent."""
+    def maybe_sync(self, trainer: Any, *, account: bool = True) -> float:
+        """Sync the engine to `global_step` unless it already holds that version; returns the seconds spent.
+
+        `account=False` (evaluation between steps) keeps the time out of the next step's `time_sync_s`.
+        """
         step = int(trainer.state.global_step)
         if self.synced_version == step:
             return 0.0
@@ -141,7 +144,8 @@ class AgentRollout:
         self.weight_sync.sync(trainer, step)
         self.synced_version = step
         dt = time.perf_counter() - t0
-        self.sync_s[step] = self.sync_s.get(step, 0.0) + dt
+        if account:
+            self.sync_s[step] = self.sync_s.get(step, 0.0) + dt
         return dt
 
     # -- internals ---------------------------------------------------------------------------------------------

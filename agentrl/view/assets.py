@@ -17,7 +17,8 @@ CSS = r"""
 .overview .plots { max-width: 672px; }
 details > summary { cursor: pointer; font-weight: 600; font-size: 15px; margin: 14px 0 4px; }
 body { font: 13px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 16px 40px; color: #222; }
-h1 { font-size: 18px; margin: 14px 0 2px; } h2 { font-size: 15px; margin: 18px 0 6px; } h3 { font-size: 13px; margin: 8px 0 4px; }
+h1 { font-size: 18px; margin: 14px 0 2px; } h2 { font-size: 15px; margin: 18px 0 6px; }
+h3 { font-size: 13px; margin: 8px 0 4px; }
 .sub { color: #666; }
 table.stats { border-collapse: collapse; margin: 4px 0; }
 table.stats td, table.stats th { border-bottom: 1px solid #eee; padding: 2px 10px 2px 4px; text-align: right; }
@@ -31,7 +32,8 @@ svg.plot .ax { stroke: #999; stroke-width: 1; }
 .filters input, .filters select { font: inherit; padding: 2px 4px; }
 .filters input[type=number] { width: 70px; }
 #count { font-weight: 600; margin-left: 8px; }
-.grid { display: grid; grid-template-columns: 220px minmax(120px, 1fr) 50px 120px 60px 60px 50px 50px 60px 80px 80px 70px 60px; }
+.grid { display: grid;
+  grid-template-columns: 220px minmax(120px, 1fr) 50px 120px 60px 60px 50px 50px 60px 80px 80px 70px 60px; }
 #thead { font-weight: 600; background: #f4f4f4; border: 1px solid #ddd; border-bottom: none; }
 #thead > div { padding: 3px 4px; cursor: pointer; user-select: none; white-space: nowrap; }
 #thead > div.sorted::after { content: " \25BE"; } #thead > div.sorted.asc::after { content: " \25B4"; }
@@ -59,7 +61,8 @@ svg.plot .ax { stroke: #999; stroke-width: 1; }
 .span-model { background: var(--model); border-color: var(--model-b); }
 .span-tool { background: var(--tool); border-color: var(--tool-b); }
 .lbl { font-size: 11px; color: #444; font-weight: 600; }
-pre { white-space: pre-wrap; word-break: break-word; margin: 2px 0; font: 12px/1.35 ui-monospace, Menlo, Consolas, monospace; }
+pre { white-space: pre-wrap; word-break: break-word; margin: 2px 0;
+  font: 12px/1.35 ui-monospace, Menlo, Consolas, monospace; }
 .call, .result { margin: 4px 8px 4px 20px; padding: 2px 8px; border: 1px dashed #bbb; border-radius: 3px; }
 .result.fail { border-color: var(--bad); } .result .err { color: var(--bad); font-weight: 600; }
 .tests .pass { color: var(--ok); } .tests .fail { color: var(--bad); }
@@ -84,6 +87,10 @@ JS = r"""
     if (v === null || v === undefined) return "\u2013";
     return Number.isInteger(v) ? String(v) : v.toFixed(d === undefined ? 3 : d);
   }
+  var DOT = " \u00b7 ";
+  function tag(name, cls, inner) { return "<" + name + ' class="' + cls + '">' + inner + "</" + name + ">"; }
+  function badge(status) { return tag("span", "st st-" + esc(status), esc(status)); }
+  function secs(v) { return num(v, 3) + " s"; }
   function tests(r) { return r[C.total] === null ? "\u2013" : r[C.passed] + "/" + r[C.total]; }
   function wv(r) {
     if (r[C.wv_min] === null) return "\u2013";
@@ -93,7 +100,7 @@ JS = r"""
     ["id", "id", function (r) { return esc(r[C.id]); }, ""],
     ["task", "task", function (r) { return esc(r[C.task]); }, ""],
     ["step", "step", function (r) { return num(r[C.step]); }, "num"],
-    ["status", "status", function (r) { return '<span class="st st-' + esc(r[C.status]) + '">' + esc(r[C.status]) + "</span>"; }, ""],
+    ["status", "status", function (r) { return badge(r[C.status]); }, ""],
     ["reward", "reward", function (r) { return num(r[C.reward]); }, "num"],
     ["passed", "tests", tests, "num"],
     ["turns", "turns", function (r) { return num(r[C.turns]); }, "num"],
@@ -162,12 +169,17 @@ JS = r"""
     ROWS.forEach(function (r) { var v = r[C[key]]; if (v !== null && !seen[v]) { seen[v] = 1; vals.push(v); } });
     vals.sort(function (a, b) { return a < b ? -1 : a > b ? 1 : 0; });
     var el = document.getElementById(id);
-    vals.forEach(function (v) { var o = document.createElement("option"); o.value = String(v); o.textContent = String(v); el.appendChild(o); });
+    vals.forEach(function (v) {
+      var o = document.createElement("option");
+      o.value = o.textContent = String(v);
+      el.appendChild(o);
+    });
   }
 
   function pre(text, cls) { return '<pre class="' + (cls || "") + '">' + esc(text) + "</pre>"; }
   function kv(pairs) {
-    return '<div class="kv">' + pairs.map(function (p) { return "<div><b>" + esc(p[0]) + "</b>" + p[1] + "</div>"; }).join("") + "</div>";
+    return tag("div", "kv", pairs.map(function (p) { return "<div><b>" + esc(p[0]) + "</b>" + p[1] + "</div>"; })
+      .join(""));
   }
   function strip(d) {
     var model = 0, tool = 0;
@@ -186,30 +198,38 @@ JS = r"""
     if (r.truncated) flags.push("output truncated");
     if (r.error) flags.push('<span class="err">' + esc(r.error) + "</span>");
     if (r.done) flags.push("done");
-    return '<div class="result' + (bad ? " fail" : "") + '"><span class="lbl">result of ' + esc(r.call_id) + " (" +
-      esc(r.name) + ")</span> " + flags.join(" \u00b7 ") + pre(r.output) + (r.stderr ? '<div class="lbl">stderr</div>' + pre(r.stderr) : "") + "</div>";
+    var label = tag("span", "lbl", "result of " + esc(r.call_id) + " (" + esc(r.name) + ")");
+    var stderr = r.stderr ? tag("div", "lbl", "stderr") + pre(r.stderr) : "";
+    return tag("div", "result" + (bad ? " fail" : ""), label + " " + flags.join(DOT) + pre(r.output) + stderr);
   }
   function turn(t) {
-    var flags = ["finish " + esc(t.finish), "weights v" + t.wv, "gen " + num(t.gen_s, 3) + " s", "tools " + num(t.tool_s, 3) + " s",
-      "tokens [" + t.start + ", " + (t.start + t.model_len + t.env_len) + ")"];
+    var flags = ["finish " + esc(t.finish), "weights v" + t.wv, "gen " + num(t.gen_s, 3) + " s",
+      "tools " + num(t.tool_s, 3) + " s", "tokens [" + t.start + ", " + (t.start + t.model_len + t.env_len) + ")"];
     if (t.cached) flags.push("cached " + t.cached);
     if (t.drift) flags.push('<span class="flag">template drift</span>');
     if (t.retok) flags.push('<span class="flag">re-tokenize mismatch</span>');
-    var h = '<div class="turn" data-turn="' + t.i + '"><div class="turn-h"><b>turn ' + t.i + "</b> \u00b7 " + flags.join(" \u00b7 ") + "</div>";
-    h += '<div class="span span-model"><div class="lbl">model \u00b7 ' + t.model_len + " tokens</div>" + pre(t.text) + "</div>";
-    t.calls.forEach(function (c) { h += '<div class="call"><span class="lbl">tool call ' + esc(c.id) + "</span> <b>" + esc(c.name) + "</b>" + pre(c.args) + "</div>"; });
+    var h = tag("div", "turn-h", "<b>turn " + t.i + "</b>" + DOT + flags.join(DOT));
+    h += tag("div", "span span-model", tag("div", "lbl", "model" + DOT + t.model_len + " tokens") + pre(t.text));
+    t.calls.forEach(function (c) {
+      var label = tag("span", "lbl", "tool call " + esc(c.id));
+      h += tag("div", "call", label + " <b>" + esc(c.name) + "</b>" + pre(c.args));
+    });
     t.results.forEach(function (r) { h += result(r); });
-    t.parse_errors.forEach(function (e) { h += '<div class="result fail"><span class="err">parse error</span>' + pre(e) + "</div>"; });
-    if (t.env_len || t.obs) h += '<div class="span span-tool"><div class="lbl">tool \u00b7 ' + t.env_len + " tokens</div>" + pre(t.obs) + "</div>";
-    return h + "</div>";
+    t.parse_errors.forEach(function (e) {
+      h += tag("div", "result fail", tag("span", "err", "parse error") + pre(e));
+    });
+    if (t.env_len || t.obs) {
+      h += tag("div", "span span-tool", tag("div", "lbl", "tool" + DOT + t.env_len + " tokens") + pre(t.obs));
+    }
+    return tag("div", "turn", h);
   }
   function testsHtml(t) {
     if (!t) return "<p>no test report</p>";
-    var h = "<p>" + t.passed + "/" + t.total + " tests passed" + (t.error ? ' \u00b7 <span class="err">' + esc(t.error) + "</span>" : "") + "</p><ul class=\"tests\">";
-    t.outcomes.forEach(function (o) {
-      h += '<li class="' + (o[1] ? "pass" : "fail") + '">' + (o[1] ? "\u2713 " : "\u2717 ") + esc(o[0]) + (o[2] ? pre(o[2]) : "") + "</li>";
+    var err = t.error ? DOT + tag("span", "err", esc(t.error)) : "";
+    var items = t.outcomes.map(function (o) {
+      return tag("li", o[1] ? "pass" : "fail", (o[1] ? "\u2713 " : "\u2717 ") + esc(o[0]) + (o[2] ? pre(o[2]) : ""));
     });
-    return h + "</ul>";
+    return "<p>" + t.passed + "/" + t.total + " tests passed" + err + "</p>" + tag("ul", "tests", items.join(""));
   }
 
   function show(i) {
@@ -219,19 +239,20 @@ JS = r"""
     if (!el) { detailEl.textContent = "details of this trajectory are not loaded yet"; return; }
     var d = JSON.parse(el.textContent), tm = d.timing;
     var h = "<h2>trajectory " + esc(d.id) + "</h2>" + kv([
-      ["status", '<span class="st st-' + esc(d.status) + '">' + esc(d.status) + "</span>"], ["reward", num(d.reward)],
+      ["status", badge(d.status)], ["reward", num(d.reward)],
       ["task", esc(d.task)], ["group", esc(d.group)], ["env", esc(d.env)], ["step", num(d.step)],
       ["sample", num(d.sample)], ["attempt", num(d.attempt)], ["turns", String(d.turns.length)],
-      ["template drift turns", num(d.drift_count)], ["total", num(tm.total_s, 3) + " s"], ["generation", num(tm.generation_s, 3) + " s"],
-      ["tools", num(tm.tools_s, 3) + " s"], ["setup", num(tm.setup_s, 3) + " s"], ["finalize", num(tm.finalize_s, 3) + " s"],
-      ["sandbox wait", num(tm.sandbox_wait_s, 3) + " s"]]);
+      ["template drift turns", num(d.drift_count)], ["total", secs(tm.total_s)], ["generation", secs(tm.generation_s)],
+      ["tools", secs(tm.tools_s)], ["setup", secs(tm.setup_s)], ["finalize", secs(tm.finalize_s)],
+      ["sandbox wait", secs(tm.sandbox_wait_s)]]);
     if (d.error) h += '<p class="err">error: ' + esc(d.error) + "</p>";
     h += strip(d) + "<h3>turns</h3>" + d.turns.map(turn).join("");
     h += "<h3>tests</h3>" + testsHtml(d.tests);
     if (d.solution) h += "<h3>solution</h3>" + pre(d.solution);
     h += "<h3>meta</h3>" + pre(d.meta);
     detailEl.innerHTML = h;
-    if (location.hash !== "#" + encodeURIComponent(d.id)) history.replaceState(null, "", "#" + encodeURIComponent(d.id));
+    var hash = "#" + encodeURIComponent(d.id);
+    if (location.hash !== hash) history.replaceState(null, "", hash);
   }
 
   function move(delta) {
@@ -264,7 +285,9 @@ JS = r"""
   var stepSel = document.getElementById("step-sel");
   if (stepSel) {
     stepSel.addEventListener("change", function () {
-      document.querySelectorAll(".stepblock").forEach(function (b) { b.hidden = b.getAttribute("data-step") !== stepSel.value; });
+      document.querySelectorAll(".stepblock").forEach(function (b) {
+        b.hidden = b.getAttribute("data-step") !== stepSel.value;
+      });
     });
   }
   options("f-status", "status");

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from agentrl.store import LineError, summarize
+from agentrl.store import LineError
 from agentrl.types import Trajectory
 from agentrl.view import data, plots
 from agentrl.view.assets import CSS, JS
@@ -54,11 +54,12 @@ def json_for_script(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
 
 
-def _details(trajs: Sequence[Trajectory], max_chars: int, max_bytes: int) -> tuple[list[str], int]:
+def _details(trajs: Sequence[Trajectory], max_chars: int, budget: int) -> tuple[list[str], int]:
+    """Each trajectory's detail JSON; the text limit is halved until their UTF-8 size fits `budget` bytes."""
     limit = max_chars
     while True:
         blobs = [json_for_script(data.detail(t, limit)) for t in trajs]
-        if sum(len(b) for b in blobs) <= max_bytes or limit <= MIN_CHARS:
+        if sum(len(b.encode("utf-8", errors="replace")) for b in blobs) <= budget or limit <= MIN_CHARS:
             return blobs, limit
         limit = max(MIN_CHARS, limit // 2)
 
@@ -145,23 +146,33 @@ FILTERS = """<div class="filters">
 <div id="detail"><p class="sub">click a trajectory to see its turns (↑/↓ move through the table)</p></div>"""
 
 
+def _overview(trajs: Sequence[Trajectory]) -> str:
+    steps = steps_html(trajs) if trajs else ""
+    return ('<details open id="overview"><summary>summary and per-step plots</summary><div class="overview">'
+            f'<div><h2>summary</h2>{summary_html(trajs)}</div><div class="steps">{steps}</div></div></details>')
+
+
+def _title(title: str, sub: str) -> str:
+    return f'<h1>{html.escape(title)}</h1><div class="sub">{html.escape(sub)}</div>'
+
+
 def build_report(trajs: Sequence[Trajectory], *, title: str, errors: Sequence[LineError] = (),
                  max_chars: int = DEFAULT_MAX_CHARS, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str, int]:
-    """The report page as one string, and the text limit used to fit `max_bytes`."""
+    """The report page as one string, and the text limit used so that the page fits `max_bytes`."""
     index = {"cols": list(data.INDEX_COLUMNS), "rows": [data.index_row(t) for t in trajs]}
-    details, limit = _details(trajs, max_chars, max_bytes)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    trimmed = f"; texts trimmed to {limit} characters" if limit < max_chars else ""
+    sub = f"{len(trajs)} trajectories · {len(errors)} unreadable lines · generated {when}"
     head = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
             f'content="width=device-width, initial-scale=1"><title>{html.escape(title)}</title>'
             f"<style>{CSS}</style></head><body>")
-    parts = [head, f"<h1>{html.escape(title)}</h1><div class=\"sub\">{len(trajs)} trajectories · "
-             f"{len(errors)} unreadable lines · generated {when}{trimmed}</div>", _errors_html(errors),
-             '<details open id="overview"><summary>summary and per-step plots</summary><div class="overview">',
-             f"<div><h2>summary</h2>{summary_html(trajs)}</div>", f'<div class="steps">{steps_html(trajs) if trajs else ""}</div>',
-             "</div></details><h2>trajectories</h2>", FILTERS,
+    parts = [head, _title(title, sub), _errors_html(errors), _overview(trajs), "<h2>trajectories</h2>", FILTERS,
              f'<script type="application/json" id="index">{json_for_script(index)}</script>',
              f"<script>{JS}</script>"]
+    # what the details may take: the rest of the page, the per-detail <script> wrappers and the closing tags
+    frame = sum(len(p.encode("utf-8", errors="replace")) for p in parts) + 60 * len(trajs) + 200
+    details, limit = _details(trajs, max_chars, max_bytes - frame)
+    if limit < max_chars:
+        parts[1] = _title(title, f"{sub}; texts trimmed to {limit} characters")
     parts += [f'<script type="application/json" id="d{i}">{blob}</script>' for i, blob in enumerate(details)]
     parts.append("</body></html>")
     return "".join(parts), limit

@@ -10,6 +10,7 @@ import difflib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from rich import box
 from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
@@ -146,45 +147,50 @@ def reexecute_view(report: ReexecuteReport, *, max_chars: int = 2000) -> Group:
                 parts.append(Text(f"      {name}: stored {old!r} -> replayed {new!r}"))
     if report.error:
         parts.append(Text(f"  replay stopped: {report.error}", style="bold red"))
-    verdict = "all calls identical" if report.all_match else f"{len(report.mismatches)} of {len(report.checks)} " \
-                                                                 f"calls differ" + (" (error)" if report.error else "")
+    verdicts = [f"{len(report.mismatches)} of {len(report.checks)} calls differ"] if report.mismatches else []
+    verdicts += ["replay stopped"] if report.error else []
+    verdict = ", ".join(verdicts) or "all calls identical"
     style = "green" if report.all_match else "red"
     return Group(Text(f"re-execute {t.id}: {len(report.checks)} tool calls, {verdict}", style=f"bold {style}"),
                  *parts)
 
 
 def rescore_table(rows: Sequence[RescoreRow], *, only_diffs: bool = True) -> Table:
-    """`replay.RescoreRow`s whose reward changed (or all with `only_diffs=False`)."""
+    """`replay.RescoreRow`s whose reward changed or that could not be re-run (all with `only_diffs=False`)."""
     table = Table(title="rescored rewards" + (" that differ" if only_diffs else ""))
     for col in ("id", "task", "stored reward", "new reward", "stored tests", "new tests", "note"):
         table.add_column(col)
     for r in rows:
-        if only_diffs and not r.differs:
+        if only_diffs and not r.differs and r.error is None:
             continue
         old, new = r.original, r.rescored
+        note = Text(f"{r.note}: {r.error}", style="red") if r.error else Text(r.note)
         table.add_row(Text(old.id), Text(old.task_id), _num(old.reward), _num(new.reward),
                       f"{old.tests.passed}/{old.tests.total}" if old.tests else "–",
-                      f"{new.tests.passed}/{new.tests.total}" if new.tests else "–", Text(r.note))
+                      f"{new.tests.passed}/{new.tests.total}" if new.tests else "–", note)
     return table
 
 
 STEP_COLUMNS = (("trajectories", "trajs", "{:.0f}"), ("reward_mean", "reward", "{:.3f}"),
-                ("reward_std", "std", "{:.3f}"), ("pass_at_1", "pass@1", "{:.3f}"), ("pass_at_g", "pass@G", "{:.3f}"),
-                ("mean_turns", "turns", "{:.2f}"), ("completion_len_mean", "compl. len", "{:.1f}"),
-                ("tool_calls", "calls", "{:.0f}"), ("tool_errors", "tool err", "{:.0f}"),
-                ("truncations", "trunc", "{:.0f}"), ("infra_errors", "infra err", "{:.0f}"))
+                ("pass_at_1", "pass@1", "{:.3f}"), ("pass_at_g", "pass@G", "{:.3f}"), ("mean_turns", "turns", "{:.2f}"),
+                ("completion_len_mean", "len", "{:.0f}"), ("tool_errors", "t.err", "{:.0f}"),
+                ("truncations", "trunc", "{:.0f}"), ("infra_errors", "infra", "{:.0f}"))
 
 
 def steps_table(per_step: dict[Any, dict[str, float]]) -> Table:
-    """One row per step with the main summary metrics and the reward delta to the previous step."""
-    table = Table(title="per step")
-    table.add_column("step", justify="right")
-    for _, label, _ in STEP_COLUMNS:
-        table.add_column(label, justify="right")
-    table.add_column("Δ reward", justify="right")
+    """One row per step: the main summary metrics and the reward delta to the previous step (fits 80 columns;
+    `agentrl stats --json` has every metric)."""
+    table = Table(title="per step", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
+    table.add_column("step", justify="right", no_wrap=True)
+    for _, label, _ in STEP_COLUMNS[:2]:
+        table.add_column(label, justify="right", no_wrap=True)
+    table.add_column("Δreward", justify="right", no_wrap=True)
+    for _, label, _ in STEP_COLUMNS[2:]:
+        table.add_column(label, justify="right", no_wrap=True)
     prev = None
     for step, s in per_step.items():
+        cells = [fmt.format(s[key]) for key, _, fmt in STEP_COLUMNS]
         delta = "" if prev is None else f"{s['reward_mean'] - prev:+.3f}"
-        table.add_row(str(step), *(fmt.format(s[key]) for key, _, fmt in STEP_COLUMNS), delta)
+        table.add_row(str(step), *cells[:2], delta, *cells[2:])
         prev = s["reward_mean"]
     return table

@@ -50,7 +50,15 @@ def _dockerd_pid() -> int | None:
         pid = int(Path("/var/run/docker.pid").read_text().strip())
     except (OSError, ValueError):
         return None
-    return pid if Path(f"/proc/{pid}").exists() else None
+    return pid if _running(pid) and Path(f"/proc/{pid}/comm").read_text().strip() == "dockerd" else None
+
+
+def _running(pid: int) -> bool:
+    """Exists and is not a zombie (an init that does not reap would leave one behind)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def restart_problem() -> str | None:
@@ -60,7 +68,7 @@ def restart_problem() -> str | None:
     if os.environ.get("DOCKER_HOST", "unix://").split("://")[0] not in ("unix", ""):
         return "DOCKER_HOST points at a remote engine"
     if shutil.which("systemctl") and subprocess.run(["systemctl", "is-active", "--quiet", "docker"],
-                                                    check=False).returncode == 0:
+                                                    capture_output=True, check=False).returncode == 0:
         return None
     return None if _dockerd_pid() is not None else "no dockerd pid file (/var/run/docker.pid) to restart from"
 
@@ -70,7 +78,7 @@ def restart_dockerd(timeout_s: float = 60.0) -> None:
     wait for it to exit, and start it again with the same command line (in its own session, logging to
     DOCKERD_LOG). Returns once `docker info` answers."""
     if shutil.which("systemctl") and subprocess.run(["systemctl", "is-active", "--quiet", "docker"],
-                                                    check=False).returncode == 0:
+                                                    capture_output=True, check=False).returncode == 0:
         subprocess.run(["systemctl", "restart", "docker"], check=True)
         _wait_for_engine(timeout_s)
         return
@@ -80,11 +88,11 @@ def restart_dockerd(timeout_s: float = 60.0) -> None:
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while Path(f"/proc/{pid}").exists():
+    while _running(pid):
         if time.monotonic() > deadline:
             raise RuntimeError(f"dockerd (pid {pid}) did not exit within {timeout_s:.0f}s of SIGTERM")
         time.sleep(0.2)
-    with open(DOCKERD_LOG, "ab") as logf:
-        subprocess.Popen([a.decode() for a in argv], stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                         start_new_session=True)
+    with open(DOCKERD_LOG, "ab") as logf:  # setsid -f: detached, outlives the tests, nobody waits on it
+        subprocess.run(["setsid", "-f", *(a.decode() for a in argv)], stdin=subprocess.DEVNULL, stdout=logf,
+                       stderr=logf, check=True)
     _wait_for_engine(timeout_s)

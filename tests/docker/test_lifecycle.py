@@ -16,12 +16,13 @@ import pytest
 from dockertier import IMAGE, RUN_ID, containers_owned_by, restart_dockerd, restart_problem
 
 from agentrl.errors import SandboxDiedError
-from agentrl.sandbox import SandboxPool, SandboxSpec
+from agentrl.sandbox import Sandbox, SandboxPool, SandboxSpec
 
 pytestmark = pytest.mark.docker
 
 SPEC = SandboxSpec(image=IMAGE, default_timeout_s=20)
 FIND_SLEEP = "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -o 'slee[p] 300' | wc -l"
+BACKGROUND = "setsid sh -c 'echo $$ > bg.pid; exec sleep 300' > /dev/null 2>&1 < /dev/null &"
 
 
 def _pool(**kw: object) -> SandboxPool:
@@ -45,8 +46,9 @@ async def test_state_persists_across_calls_within_a_lease() -> None:
         r = await sb.exec("cd pkg && python3 -c 'import solution; print(solution.f() + 1)' > out.txt")
         assert r.exit_code == 0, r
         assert await sb.read_file("pkg/out.txt") == "42\n"
-        await sb.exec("setsid sleep 300 > /dev/null 2>&1 < /dev/null &")
-        assert (await sb.exec(FIND_SLEEP)).stdout.strip() == "1"  # a background process outlives its exec
+        await sb.exec(BACKGROUND)
+        alive = await sb.exec("for i in $(seq 50); do [ -s bg.pid ] && break; sleep 0.1; done; kill -0 $(cat bg.pid)")
+        assert alive.exit_code == 0, alive  # a background process outlives the exec that started it
         assert (await sb.exec("echo more >> pkg/out.txt; cat pkg/out.txt")).stdout == "42\nmore\n"
 
 
@@ -58,14 +60,16 @@ async def test_each_lease_starts_clean() -> None:
         async with pool.lease() as second:
             assert second.id != first_id
             r = await second.exec("ls -A /workspace /tmp; " + FIND_SLEEP)
-            assert r.stdout.split() == ["/tmp:", "/workspace:", "0"], r.stdout
+            assert r.stdout.split() == ["/tmp:", "/workspace:", "0"], r.stdout  # no files, no process
         assert await asyncio.to_thread(_container_state, first_id) is None  # destroyed, never reused
 
 
-async def _dirty(sb: object) -> None:
-    await sb.write_file("marker", "x")  # type: ignore[attr-defined]
-    r = await sb.exec("echo y > /tmp/marker; setsid sleep 300 > /dev/null 2>&1 < /dev/null &")  # type: ignore[attr-defined]
+async def _dirty(sb: Sandbox) -> None:
+    await sb.write_file("marker", "x")
+    r = await sb.exec("echo y > /tmp/marker; " + BACKGROUND)
     assert r.exit_code == 0
+    r = await sb.exec("for i in $(seq 50); do [ -s bg.pid ] && break; sleep 0.1; done; " + FIND_SLEEP)
+    assert r.stdout.strip() == "1", r  # the dirt is really there before the next lease looks for it
 
 
 async def test_container_killed_mid_trajectory_raises_sandbox_died_and_the_pool_goes_on() -> None:
@@ -115,7 +119,7 @@ async def test_ttl_stops_the_container_and_sweep_removes_it(backend) -> None:
 
 OWNER_SCRIPT = textwrap.dedent("""
     import asyncio, sys
-    from agentrl.sandbox import SandboxPool, SandboxSpec
+    from agentrl.sandbox import Sandbox, SandboxPool, SandboxSpec
 
     async def main():
         async with SandboxPool(backend="docker", spec=SandboxSpec(image=sys.argv[1]), warm=2, max_sandboxes=2,
@@ -158,9 +162,9 @@ async def test_containers_of_a_killed_owner_are_removed(remover: str) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_to_rollout_removes_its_containers_within_10s(sig: signal.Signals, eos_prone_model, tmp_path) -> None:
-    cmd = [sys.executable, "-m", "agentrl.cli", "rollout", "--sandbox", "docker", "--env", "code_tests",
-           "--model", str(eos_prone_model), "--tasks", "8", "--group-size", "2", "--max-turns", "4",
-           "--max-new-tokens", "64", "--concurrency", "4", "--out", str(tmp_path / "t.jsonl")]
+    cmd = [sys.executable, "-m", "agentrl.cli", "rollout", "--sandbox", "docker", "--engine", "local",
+           "--env", "code_tests", "--model", str(eos_prone_model), "--tasks", "8", "--group-size", "2",
+           "--max-turns", "4", "--max-new-tokens", "64", "--concurrency", "4", "--out", str(tmp_path / "t.jsonl")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
@@ -170,9 +174,10 @@ def test_signal_to_rollout_removes_its_containers_within_10s(sig: signal.Signals
             time.sleep(0.1)
         proc.send_signal(sig)
         sent = time.monotonic()
-        while containers_owned_by(proc.pid) and time.monotonic() - sent < 10:
+        while (left := containers_owned_by(proc.pid)) and time.monotonic() - sent < 10:
             time.sleep(0.1)
-        assert containers_owned_by(proc.pid) == [], f"containers left 10 s after {sig.name}"
+        assert left == [], f"containers left 10 s after {sig.name} (rc={proc.poll()}): {left}"
+        print(f"{sig.name}: no container left after {time.monotonic() - sent:.2f}s")
         assert proc.wait(timeout=30) == 130, proc.stderr.read()[-2000:]
     finally:
         if proc.poll() is None:

@@ -20,7 +20,8 @@ async def test_embedded_model_answers_and_matches_transformers(smollm2_path: Pat
                                               return_dict=False)
         for q in QUESTIONS
     ]
-    engine = LocalEngine(smollm2_path, seed=0)
+    engine = LocalEngine("smollm2", seed=0)  # the embedded name resolves to the converted checkpoint
+    assert engine.model_path == smollm2_path.resolve()
     try:
         greedy = SamplingParams(temperature=0.0, max_new_tokens=40)
         gens = await asyncio.gather(*[engine.generate(p, greedy, session_id=str(i)) for i, p in enumerate(prompts)])

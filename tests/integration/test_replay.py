@@ -174,3 +174,26 @@ def test_rescore_rerun_tests_finds_a_tampered_reward(code_traj: tuple[Path, Traj
     assert rc == 1
     assert "1 rewards differ" in capsys.readouterr().out
     assert [t.reward for t in read_trajectories(out_file)] == [1.0]
+
+
+def test_what_cannot_be_replayed_is_reported_per_trajectory(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    call = ToolCall(id="call_0_0", name="echo", arguments={"text": "hi"})
+    result = ToolResult(call_id=call.id, name="echo", output="hi\n", exit_code=0, stdout="hi\n")
+    base = _time_trajectory([result], [call])
+    trajs = [base.model_copy(update={"id": "no-env", "env": "no_such_env", "solution": "x"}),
+             base.model_copy(update={"id": "no-task", "task_id": "gone", "solution": "x"}),
+             base.model_copy(update={"id": "fine"})]
+    path = tmp_path / "mixed.jsonl"
+    replay.write_trajectories(path, trajs)
+
+    reports = asyncio.run(replay.reexecute_many(read_trajectories(path), _pool))
+    assert "'no_such_env' is not registered" in (reports[0].error or "")
+    assert "'gone' is not among env 'test_time'" in (reports[1].error or "")
+    assert reports[2].all_match and len(reports[2].checks) == 1
+    assert _cli(["replay", str(path), "--reexecute"]) == 1
+    out = capsys.readouterr().out
+    assert "1 tool calls: all identical; 2 trajectories could not be replayed to the end" in out
+
+    assert _cli(["rescore", str(path), "--rerun-tests"]) == 1
+    assert "0 rewards differ, 2 could not be re-run" in capsys.readouterr().out

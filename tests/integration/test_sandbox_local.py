@@ -1,6 +1,7 @@
 """The local backend and the pool for real: bubblewrap sandboxes, cgroups or rlimits, the agent, leases.
 
-Skips (with the reason) only when bubblewrap is not installed; the missing-bwrap and unsafe-mode tests run anyway.
+Skips (with the reason) only when bubblewrap is not installed or may not create namespaces here (set
+AGENTRL_REQUIRE_BWRAP=1 to fail instead); the missing-bwrap and unsafe-mode tests run anyway.
 """
 
 from __future__ import annotations
@@ -19,12 +20,28 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.errors import MissingDependencyError, SandboxDiedError
-from agentrl.sandbox import SandboxPathError, SandboxPool, SandboxSpec
+from agentrl.errors import ConfigError, MissingDependencyError, SandboxDiedError
+from agentrl.sandbox import SandboxPathError, SandboxPool, SandboxSpec, make_backend
 from agentrl.sandbox.local import LocalBackend, process_start
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None,
-                                 reason="bubblewrap not installed (apt-get install -y bubblewrap)")
+
+def _bwrap_problem() -> str | None:
+    """Why bubblewrap cannot isolate here (not installed / namespaces not permitted), or None when it can.
+    AGENTRL_REQUIRE_BWRAP=1 turns the resulting skips into failures."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap not installed (apt-get install -y bubblewrap)"
+    probe = subprocess.run(["bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/",
+                            "--", "/bin/true"], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        return f"bubblewrap cannot create namespaces here: {probe.stderr.strip()}"
+    return None
+
+
+_PROBLEM = _bwrap_problem()
+if _PROBLEM and os.environ.get("AGENTRL_REQUIRE_BWRAP") == "1":
+    raise RuntimeError(f"AGENTRL_REQUIRE_BWRAP=1 but {_PROBLEM}")
+needs_bwrap = pytest.mark.skipif(_PROBLEM is not None, reason=_PROBLEM or "")
+
 SPEC = SandboxSpec(memory="256m", pids=128, disk="64m", default_timeout_s=20)
 
 
@@ -248,6 +265,29 @@ async def test_cancelled_lease_destroys_its_sandbox(pool: SandboxPool, state_dir
 
 
 @needs_bwrap
+@pytest.mark.parametrize("delay", [0.0, 0.005, 0.02, 0.06])
+async def test_lease_cancelled_while_starting_leaves_nothing(state_dir: Path, delay: float) -> None:
+    async with SandboxPool("local", SPEC, warm=0, state_dir=state_dir) as pool:
+        async def trajectory() -> None:
+            async with pool.lease() as sb:
+                await sb.exec("sleep 60")
+
+        task = asyncio.create_task(trajectory())
+        await asyncio.sleep(delay)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert list(state_dir.iterdir()) == []
+
+
+@needs_bwrap
+async def test_pool_exit_while_refilling_leaves_nothing(state_dir: Path) -> None:
+    async with SandboxPool("local", SPEC, warm=3, max_sandboxes=4, state_dir=state_dir):
+        await asyncio.sleep(0.02)  # refillers are mid-create
+    assert list(state_dir.iterdir()) == []
+
+
+@needs_bwrap
 async def test_pool_exit_leaves_no_processes_or_dirs(state_dir: Path) -> None:
     states: list[dict] = []
     async with SandboxPool("local", SPEC, warm=2, max_sandboxes=4, state_dir=state_dir) as pool:
@@ -364,6 +404,16 @@ async def test_sweep_removes_expired_sandboxes(state_dir: Path) -> None:
 # ---------------------------------------------------------------- configuration
 
 
+@needs_bwrap
+async def test_share_host_python_exposes_its_packages_read_only(state_dir: Path) -> None:
+    opts = {"share_host_python": True}
+    async with SandboxPool("local", SPEC, state_dir=state_dir, backend_options=opts) as pool:
+        async with pool.lease() as sb:
+            r = await sb.exec(["python", "-c", "import pytest, sys; print(sys.prefix)"])
+            assert r.exit_code == 0 and r.stdout.strip() == os.path.realpath(sys.prefix), r.stderr
+            assert (await sb.exec(f"touch {sys.prefix}/evil")).exit_code != 0
+
+
 async def test_missing_bwrap_names_the_install_command(tmp_path: Path, state_dir: Path) -> None:
     with pytest.raises(MissingDependencyError, match="apt-get install -y bubblewrap"):
         LocalBackend(state_dir=state_dir, search_path=str(tmp_path))
@@ -384,3 +434,14 @@ async def test_unsafe_mode_runs_without_bwrap_and_warns(tmp_path: Path, state_di
             assert r.stdout.startswith("hi") and str(state_dir) in r.stdout
     assert list(state_dir.iterdir()) == []
     await backend.close()
+
+
+def test_unknown_backend_and_bad_options_are_config_errors(state_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="backend 'nope' is unknown"):
+        make_backend("nope")
+    with pytest.raises(ConfigError, match="limits_mode"):
+        LocalBackend(state_dir=state_dir, limits_mode="cgroup3")
+    with pytest.raises(ConfigError, match="too long"):
+        LocalBackend(state_dir=state_dir / ("x" * 120))
+    with pytest.raises(ConfigError, match="max_sandboxes"):
+        SandboxPool("local", SPEC, max_sandboxes=0)

@@ -100,6 +100,28 @@ async def test_rows_joining_a_running_batch_and_chunked_prefill(tiny_model_path:
         await eng.close()
 
 
+@pytest.mark.parametrize(
+    ("top_p", "top_k", "support"),
+    [(1.0, 0, 6), (0.7, 0, 2), (1.0, 2, 2), (0.8, 3, 3), (0.75, 0, 3), (0.2, 0, 1)],
+)
+def test_top_p_top_k_keep_the_right_tokens(top_p: float, top_k: int, support: int) -> None:
+    """Joint filtering on the full distribution (SGLang's rule): rank < top_k and mass before the token <= top_p.
+    probs = [.455, .276, .168, .075, .023, .003]; mass before the 3rd token is .731."""
+    from agentrl.engine.sampling import sample
+
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.2, -1.0, -3.0]])
+    probs = torch.softmax(logits[0], -1)
+    sp = SamplingParams(temperature=1.0, top_p=top_p, top_k=top_k)
+    gen = torch.Generator().manual_seed(0)
+    draws = [sample(logits, [sp], [gen]) for _ in range(3000)]
+    counts = torch.bincount(torch.tensor([int(t) for t, _ in draws]), minlength=6).float() / len(draws)
+    expected = torch.zeros(6)
+    expected[:support] = probs[:support] / probs[:support].sum()
+    assert (counts > 0).tolist() == (expected > 0).tolist()
+    assert (counts - expected).abs().max() < 0.04
+    assert all(abs(lp.item() - probs[t].log().item()) < 1e-6 for t, lp in draws[:50])  # logprob before filtering
+
+
 # ---------------------------------------------------------------------------------------------------- batching
 async def test_greedy_is_deterministic_and_batch_invariant(engine: LocalEngine) -> None:
     prompts = _prompts([12, 50, 7, 33])
@@ -133,6 +155,81 @@ async def test_max_batch_size_bounds_rows_per_step(tiny_model_path: Path) -> Non
         assert eng.stats.max_batch_rows == 3 and len(gens) == 7
     finally:
         await eng.close()
+
+
+# ---------------------------------------------------------------------------------------------------- prefix cache
+async def _multi_turn(eng: LocalEngine, prompts: list[list[int]], sp: SamplingParams, turns: int = 3,
+                      tag: str = "mt") -> list[list[tuple[list[int], Generation]]]:
+    """Several trajectories at once; each turn's input = previous input + reply + a fake tool observation."""
+
+    async def one(i: int, prompt: list[int]) -> list[tuple[list[int], Generation]]:
+        history, context = [], list(prompt)
+        for turn in range(turns):
+            gen = await eng.generate(context, sp, session_id=f"{tag}{i}")
+            history.append((context, gen))
+            context = context + gen.output_ids + _prompts([5 + 7 * turn + i], seed=100 * i + turn)[0]
+        return history
+
+    return list(await asyncio.gather(*[one(i, p) for i, p in enumerate(prompts)]))
+
+
+async def test_prefix_cache_reuses_each_sessions_last_turn_exactly(engine: LocalEngine) -> None:
+    sp = SamplingParams(temperature=0.9, max_new_tokens=9)
+    histories = await _multi_turn(engine, _prompts([30, 5, 64, 12]), sp)
+    for history in histories:
+        for turn, (context, gen) in enumerate(history):
+            _assert_logprobs_match(engine, [context], [gen], 0.9)
+            if turn == 0:
+                assert gen.cached_tokens == 0
+            else:
+                previous_context, previous = history[turn - 1]
+                stored = len(previous_context) + len(previous.output_ids) - 1
+                assert 0 < gen.cached_tokens <= stored  # fewer when a group-mate needed more suffix columns
+    assert engine.stats.cached_tokens == sum(g.cached_tokens for h in histories for _, g in h) > 0
+
+
+async def test_prefix_cache_does_not_change_greedy_outputs(tiny_model_path: Path) -> None:
+    outputs = []
+    for mb in (0, 64):
+        eng = LocalEngine(tiny_model_path, prefix_cache_mb=mb, batch_wait_ms=20)
+        try:
+            histories = await _multi_turn(eng, _prompts([20, 41, 7]), GREEDY)
+            assert (eng.stats.cached_tokens > 0) == (mb > 0)
+        finally:
+            await eng.close()
+        outputs.append([[g.output_ids for _, g in h] for h in histories])
+    assert outputs[0] == outputs[1]
+
+
+async def test_prefix_cache_uses_the_common_prefix_and_is_cleared_by_weight_updates(engine: LocalEngine) -> None:
+    prompt = _prompts([40], seed=9)[0]
+    first = await engine.generate(prompt, GREEDY, session_id="d")
+    diverged = prompt[:25] + [7, 8, 9]  # e.g. a chat template that re-rendered the end differently
+    second = await engine.generate(diverged, GREEDY, session_id="d")
+    assert second.cached_tokens == 25
+    _assert_logprobs_match(engine, [diverged], [second], 0.0)
+    assert (await engine.generate(prompt, GREEDY, session_id="other")).cached_tokens == 0
+    await engine.update_weights(engine.model, version=1)
+    third = await engine.generate(diverged + second.output_ids, GREEDY, session_id="d")
+    assert third.cached_tokens == 0 and first.cached_tokens == 0
+
+
+def test_prefix_cache_is_lru_bounded_in_bytes() -> None:
+    from agentrl.engine.batch_cache import PrefixCache
+
+    def kv(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(torch.zeros(1, 1, n, 4), torch.zeros(1, 1, n, 4))]  # 32 bytes per token
+
+    cache = PrefixCache(max_bytes=32 * 100)
+    cache.put("a", list(range(40)), kv(40))
+    cache.put("b", list(range(40)), kv(40))
+    cache.put("c", list(range(40)), kv(40))  # over budget: the least recently stored session goes
+    assert cache.nbytes == 32 * 80
+    assert cache.take("a", list(range(50)))[1] == 0
+    assert cache.take("b", list(range(50)))[1] == 40
+    assert cache.take("c", list(range(40)))[1] == 39  # the last input token is always computed
+    cache.put("huge", list(range(200)), kv(200))  # bigger than the whole budget: not stored
+    assert cache.nbytes == 0
 
 
 # ---------------------------------------------------------------------------------------------------- stopping
@@ -342,11 +439,18 @@ def test_missing_embedded_package_names_the_pip_command(tmp_path: Path, monkeypa
         resolve_model(None, cache_dir=tmp_path)
 
 
+def test_unwritable_cache_names_the_fix(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="set AGENTRL_CACHE"):
+        ensure_embedded_model(blocker / "models")
+
+
 def test_embedded_conversion_runs_once_under_concurrency(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two processes' worth of callers (threads here; the lock is a file lock) convert once, atomically."""
     import time
 
-    import agentrl.engine.models as models
+    from agentrl.engine import models
 
     calls: list[Path] = []
 

@@ -179,12 +179,18 @@ async def test_write_through_symlink_to_outside_is_refused(sb: Sandbox, tmp_path
     assert target.read_text() == "secret"
 
 
-async def test_read_missing_and_directory(sb: Sandbox) -> None:
+async def test_read_missing_directory_and_fifo(sb: Sandbox) -> None:
     with pytest.raises(FileNotFoundError):
         await sb.read_file("nope.txt")
-    await sb.exec("mkdir d")
-    with pytest.raises(ValueError, match="directory"):
+    await sb.exec("mkdir d && mkfifo fifo")
+    with pytest.raises(ValueError, match="not a regular file"):
         await sb.read_file("d")
+    with pytest.raises(ValueError, match="not a regular file"):  # would block forever if opened blocking
+        await sb.read_file("fifo")
+    with pytest.raises(ValueError):
+        await sb.write_file("fifo", "x")
+    with pytest.raises(ValueError):
+        await sb.write_file("d", "x")
 
 
 # ---------------------------------------------------------------- failures and lifecycle

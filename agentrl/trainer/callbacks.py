@@ -1,0 +1,75 @@
+"""The transformers `TrainerCallback` of a job: per-step metrics line + table row, and evaluation every K steps.
+
+Owns the timing of a step (on_step_begin .. on_step_end, minus the rollout and weight-sync time the rollout function
+measured = train time; evaluation and checkpoint saving are outside the step) and when evaluation runs: before the
+first step (the baseline, "step-0"), after every `eval_every` optimizer steps, and after the last step.
+
+Callback order within one optimizer step (transformers 5): on_step_begin -> [rollout_func, forward/backward,
+optimizer.step] -> on_step_end (global_step already incremented) -> on_log (TRL's averaged logs) -> save.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from transformers import TrainerCallback
+
+from agentrl.trainer.metrics import MetricsWriter, step_metrics, table_header, table_row
+from agentrl.trainer.rollout_func import AgentRollout
+
+
+class StepCallback(TrainerCallback):
+    def __init__(self, rollout: AgentRollout, writer: MetricsWriter, *, total_steps: int,
+                 echo: Callable[[str], None] = print, eval_every: int = 0,
+                 run_eval: Callable[[int], None] | None = None) -> None:
+        self.rollout = rollout
+        self.writer = writer
+        self.total_steps = total_steps
+        self.echo = echo
+        self.eval_every = eval_every
+        self.run_eval = run_eval
+        self.evaluated: set[int] = set()
+        self.rows: list[dict[str, Any]] = []
+        self._t0 = 0.0
+        self._t_end = 0.0
+
+    def _eval(self, step: int) -> None:
+        if self.run_eval is not None and self.eval_every and step not in self.evaluated:
+            self.evaluated.add(step)
+            self.run_eval(step)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.echo(table_header())
+        if state.global_step == 0:
+            self._eval(0)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._t_end = time.perf_counter()
+        if self.eval_every and state.global_step % self.eval_every == 0:
+            self._eval(state.global_step)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        logs = logs or {}
+        if "loss" not in logs:
+            return  # the end-of-training summary log, not a step
+        step = state.global_step - 1
+        done = self.rollout.steps.pop(step, None)
+        if done is None:
+            return
+        sync_s = self.rollout.sync_s.pop(step, 0.0)
+        train_s = max(0.0, self._t_end - self._t0 - done.rollout_s - sync_s)
+        row = step_metrics(step, done.trajectories, logs, rollout_s=done.rollout_s, train_s=train_s,
+                           sync_s=sync_s, reused=done.reused)
+        self.writer.write(row)
+        self.rows.append(row)
+        self.echo(table_row(row))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.eval_every:
+            self._eval(state.global_step)

@@ -1,0 +1,105 @@
+"""The docker backend's pure parts, without a Docker Engine: the sweep rule (which containers are orphans) and the
+container configuration a SandboxSpec turns into (limits and hardening). The real containers are in tests/docker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+docker = pytest.importorskip("docker")
+
+from agentrl.sandbox import SandboxHandle, SandboxSpec
+from agentrl.sandbox.base import AgentEndpoint
+from agentrl.sandbox.docker import DockerBackend, _proc_start, should_remove
+
+HOST = "this-host"
+NOW = 1_000_000.0
+
+
+def _labels(**over: str) -> dict[str, str]:
+    base = {"agentrl.owner": "agentrl", "agentrl.run_id": "r1", "agentrl.owner_host": HOST,
+            "agentrl.owner_pid": str(os.getpid()), "agentrl.owner_start": _proc_start(os.getpid()) or "",
+            "agentrl.created_at": str(NOW - 10), "agentrl.ttl_s": "3600"}
+    return {**base, **over}
+
+
+def _rule(labels: dict[str, str], run_id: str | None = None, all_runs: bool = False) -> bool:
+    return should_remove(labels, now=NOW, host=HOST, run_id=run_id, all_runs=all_runs)
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_live_owner_within_its_ttl_is_kept() -> None:
+    assert not _rule(_labels())
+
+
+def test_ttl_passed_is_removed_even_with_a_live_owner() -> None:
+    assert _rule(_labels(**{"agentrl.created_at": str(NOW - 3601)}))
+
+
+def test_dead_owner_on_this_host_is_removed() -> None:
+    assert _rule(_labels(**{"agentrl.owner_pid": str(_dead_pid())}))
+
+
+def test_a_reused_pid_is_not_mistaken_for_the_owner() -> None:
+    assert _rule(_labels(**{"agentrl.owner_start": "1"}))  # same pid, different start time: another process
+
+
+def test_owners_on_other_hosts_are_judged_only_by_ttl() -> None:
+    other = {"agentrl.owner_host": "elsewhere", "agentrl.owner_pid": str(_dead_pid())}
+    assert not _rule(_labels(**other))
+    assert _rule(_labels(**other, **{"agentrl.created_at": str(NOW - 4000)}))
+
+
+def test_run_id_selects_exactly_that_run_and_all_runs_everything() -> None:
+    assert _rule(_labels(), run_id="r1")
+    assert not _rule(_labels(**{"agentrl.created_at": str(NOW - 4000)}), run_id="r2")
+    assert _rule(_labels(), all_runs=True)
+
+
+def test_containers_not_made_by_agentrl_are_never_touched() -> None:
+    foreign = _labels(**{"agentrl.owner": "someone-else", "agentrl.created_at": "0"})
+    assert not _rule(foreign) and not _rule(foreign, all_runs=True) and not _rule(foreign, run_id="r1")
+    assert not _rule({})
+
+
+def test_malformed_labels_do_not_crash_or_remove() -> None:
+    assert not _rule(_labels(**{"agentrl.created_at": "yesterday", "agentrl.owner_pid": "x"}))
+
+
+def _config(spec: SandboxSpec, tmp_path: Path) -> dict:
+    backend = DockerBackend(state_dir=tmp_path)
+    api = docker.APIClient(base_url="unix:///nonexistent.sock", version="1.41")  # given version: no request made
+    handle = SandboxHandle(id="agentrl-test", backend="docker", endpoint=AgentEndpoint("unix", "x"),
+                           labels={"agentrl.owner": "agentrl"})
+    return backend._container_config(api, handle, spec, tmp_path / "agentrl-test")
+
+
+def test_spec_becomes_limits_and_hardening(tmp_path: Path) -> None:
+    spec = SandboxSpec(cpus=1.5, memory="512m", pids=100, disk="64m", ttl_s=120)
+    cfg = _config(spec, tmp_path)
+    hc = cfg["host_config"]
+    assert hc["NanoCpus"] == 1_500_000_000
+    assert hc["Memory"] == hc["MemorySwap"] == 512 * 1024**2  # equal: no swap
+    assert hc["PidsLimit"] == 100
+    assert hc["NetworkMode"] == "none"
+    assert hc["ReadonlyRootfs"] is True and hc["CapDrop"] == ["ALL"] and hc["SecurityOpt"] == ["no-new-privileges"]
+    assert hc["Init"] is True and "seccomp" not in str(hc["SecurityOpt"])  # Docker's default profile stays on
+    assert f"size={64 * 1024**2}" in hc["Tmpfs"]["/workspace"] and "/tmp" in hc["Tmpfs"]
+    assert any(b.endswith(":/agentrl/agent.py:ro") for b in hc["Binds"])
+    assert any(b.endswith(":/agentrl-sock:rw") for b in hc["Binds"])
+    assert cfg["user"] != "0" and not cfg["user"].startswith("0:")
+    assert cfg["command"][:2] == ["python3", "-c"] and "120" in cfg["command"]  # the TTL alarm
+    assert "docker.sock" not in str(cfg)
+
+
+def test_network_is_an_explicit_opt_in(tmp_path: Path) -> None:
+    assert _config(SandboxSpec(network=True), tmp_path)["host_config"]["NetworkMode"] == "bridge"
