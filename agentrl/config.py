@@ -56,6 +56,9 @@ class SandboxConfig(_Config):
     spec: SandboxSpec = Field(default_factory=SandboxSpec)
     warm: int = Field(default=4, ge=0)
     max_sandboxes: int = Field(default=16, ge=1)
+    max_starting: int | None = Field(default=8, ge=1)  # sandboxes being created at once
+    create_rate: float | None = Field(default=20.0, gt=0)  # creations per second (None: unlimited)
+    cold_start_grace_s: float = Field(default=0.3, ge=0)  # wait this long for a warm one before a cold start
 
     _default_type = field_validator("backend", mode="before")(lambda v: _with_default_type(v))
 

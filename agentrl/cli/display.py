@@ -38,13 +38,13 @@ class ProgressDisplay:
     def tick(self) -> None:
         if self._live is None and time.perf_counter() - self._last >= self.every_s:
             self._last = time.perf_counter()
-            self.console.print(progress_line(self.p))
+            self.console.print(progress_line(self.p), soft_wrap=True)
 
     def __exit__(self, *exc: Any) -> None:
         if self._live is not None:
             self._live.__exit__(*exc)
         else:
-            self.console.print(progress_line(self.p))
+            self.console.print(progress_line(self.p), soft_wrap=True)
 
 
 _ROWS = [

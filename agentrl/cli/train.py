@@ -86,13 +86,10 @@ def _meta(cfg: Any, model_path: Path, engine: Any) -> dict[str, Any]:
 
 
 def _pool_for(cfg: Any) -> Any:
-    from agentrl.cli.wiring import _backend_options, make_pool
+    from agentrl.cli.wiring import pool_from_config
 
-    rcfg = cfg.rollout_config()
-    backend, options = _backend_options(rcfg)
     spec = cfg.sandbox.spec.model_copy(update={"default_timeout_s": cfg.budgets.tool_timeout_s})
-    return make_pool(backend, spec, warm=cfg.sandbox.warm, max_sandboxes=cfg.sandbox.max_sandboxes,
-                     run_id=uuid.uuid4().hex[:12], **options)
+    return pool_from_config(cfg.rollout_config(), spec, uuid.uuid4().hex[:12])
 
 
 def run_train(cfg: Any, *, resume: bool = False) -> Any:

@@ -42,18 +42,22 @@ def select_tasks(env: Env, n: int | None, ids: list[str]) -> list[Task]:
 
 
 def make_pool(backend: str, spec: SandboxSpec, *, warm: int, max_sandboxes: int, run_id: str,
-              unsafe_no_isolation: bool = False, **backend_options: Any) -> Any:
+              unsafe_no_isolation: bool = False, backend_options: dict[str, Any] | None = None,
+              **pool_options: Any) -> Any:
     from agentrl.sandbox import SandboxPool
 
     return SandboxPool(backend=backend, spec=spec, warm=warm, max_sandboxes=max_sandboxes, run_id=run_id,
-                       unsafe_no_isolation=unsafe_no_isolation, **backend_options)
+                       unsafe_no_isolation=unsafe_no_isolation, backend_options=backend_options, **pool_options)
 
 
-def _backend_options(cfg: RolloutConfig) -> tuple[str, dict[str, Any]]:
-    b = cfg.sandbox.backend
-    if b.type == "local":
-        return "local", {"unsafe_no_isolation": b.unsafe_no_isolation}
-    return b.type, {}
+def pool_from_config(cfg: RolloutConfig, spec: SandboxSpec, run_id: str) -> Any:
+    b, s = cfg.sandbox.backend, cfg.sandbox
+    opts: dict[str, Any] = {}
+    if b.type == "docker" and b.docker_host:
+        opts["docker_host"] = b.docker_host
+    return make_pool(b.type, spec, warm=s.warm, max_sandboxes=s.max_sandboxes, run_id=run_id,
+                     unsafe_no_isolation=getattr(b, "unsafe_no_isolation", False), backend_options=opts,
+                     max_starting=s.max_starting, create_rate=s.create_rate, cold_start_grace_s=s.cold_start_grace_s)
 
 
 def make_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path]:
@@ -122,9 +126,8 @@ async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: An
     meta = {"model": str(model_path), "engine": engine.info(), "sampling": sampling.model_dump(),
             "config_hash": _config_hash(cfg), "seed": cfg.seed, "agentrl_version": agentrl.__version__,
             "env_options": dict(cfg.env_options), "sandbox_spec": spec.model_dump()}
-    backend, options = _backend_options(cfg)
-    pool = make_pool(backend, spec, warm=cfg.sandbox.warm, max_sandboxes=cfg.sandbox.max_sandboxes,
-                     run_id=uuid.uuid4().hex[:12], **options)
+    backend = cfg.sandbox.backend.type
+    pool = pool_from_config(cfg, spec, uuid.uuid4().hex[:12])
     sched = Scheduler(rollout, pool, SchedulerConfig(
         group_size=cfg.group_size, max_trajectories=cfg.max_trajectories,
         trajectory_timeout_s=cfg.budgets.trajectory_timeout_s, infra_retries=cfg.infra_retries), meta=meta)

@@ -427,6 +427,8 @@ class LocalEngine:
         """Sample one token for rows[first:] (whose logits are `logits`), deliver finished rows, shrink the batch."""
         rows = self._batch.rows[first:]
         tokens, logprobs = sample(logits, [r.sampling for r in rows], [r.generator for r in rows])
+        with self._cond:  # counted before any result is delivered, so a caller's snapshot includes its tokens
+            self._stats.generated_tokens += len(rows)
         keep = list(range(first))
         for offset, (row, token, logprob) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist())):
             row.output_ids.append(token)
@@ -435,8 +437,6 @@ class LocalEngine:
                 self._finish(row, "stop" if token in row.stop_ids else "length", first + offset)
             else:
                 keep.append(first + offset)
-        with self._cond:
-            self._stats.generated_tokens += len(rows)
         if len(keep) < len(self._batch.rows):
             self._batch = self._batch.select(keep)
 
