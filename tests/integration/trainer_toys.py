@@ -118,3 +118,26 @@ def teach_tiny_model(directory: Path, tokenizer_from: Path, *, steps: int = 80, 
     model.eval()
     model.save_pretrained(directory)
     return directory
+
+
+TAUGHT_VERSION = "print-number-v1"  # bump when teach_tiny_model changes
+
+
+def cached_taught_model(tokenizer_from: Path) -> Path:
+    """The taught tiny model, built once per machine into the agentrl cache (like the embedded model)."""
+    import os
+
+    from filelock import FileLock
+
+    from agentrl.engine.models import default_cache_dir
+
+    target = default_cache_dir().parent / "test-models" / TAUGHT_VERSION
+    if (target / "model.safetensors").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if not (target / "model.safetensors").is_file():
+            tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+            teach_tiny_model(tmp, tokenizer_from)
+            tmp.rename(target)
+    return target

@@ -268,9 +268,14 @@ async def test_max_new_tokens_and_context_window_clamp(tiny_model_path: Path) ->
         await eng.close()
 
 
-def test_context_window_defaults_to_model_limit_and_is_validated(tiny_model_path: Path) -> None:
+async def test_context_window_defaults_to_model_limit_and_is_validated(tiny_model_path: Path) -> None:
+    eng = LocalEngine(tiny_model_path)
+    await eng.close()
+    assert eng.context_window == 2048  # the tiny model's max_position_embeddings
     with pytest.raises(ConfigError, match="context_window=4096"):
-        LocalEngine(tiny_model_path, context_window=4096)  # the tiny model has max_position_embeddings=2048
+        LocalEngine(tiny_model_path, context_window=4096)
+    with pytest.raises(ConfigError, match="dtype='float33'"):
+        LocalEngine(tiny_model_path, dtype="float33")
 
 
 # ---------------------------------------------------------------------------------------------------- seeding

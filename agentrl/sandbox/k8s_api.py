@@ -1,0 +1,357 @@
+"""The Kubernetes API edge of the `kubernetes` sandbox backend: REST calls and watches, nothing else.
+
+Owns: talking to the API server through the official `kubernetes` client (its kubeconfig / in-cluster loading, auth
+refresh, TLS and connection pool), as plain JSON dicts (no model classes: a pod is the dict the server sent); every
+blocking call on this edge's own thread pool, never on the event loop; a client-side rate limit (QPS + burst, like
+client-go); retries with backoff for throttling and server errors; and `Informer`, one list+watch of a collection
+kept as a local cache that waiters are woken from (readiness is watched, never polled). Does not own what the
+objects mean (`k8s_pods.py`) or what to do with them (`k8s_pool.py`, `k8s_claims.py`).
+
+Errors:
+
+    ApiError(status, reason, message, retry_after)   any non-2xx answer; status 0 = no answer (connection failed)
+        .retryable  429, 500, 502, 503, 504 and 0: `retrying()` backs off and tries again
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from agentrl.errors import ConfigError, MissingDependencyError
+
+log = logging.getLogger("agentrl.sandbox")
+T = TypeVar("T")
+RETRYABLE = frozenset({0, 429, 500, 502, 503, 504})
+MERGE_PATCH = "application/merge-patch+json"
+WATCH_TIMEOUT_S = 240  # server-side end of one watch request; the informer reconnects from its resourceVersion
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the API server (status 0: none at all)."""
+
+    def __init__(self, status: int, reason: str, message: str, retry_after: float | None = None) -> None:
+        super().__init__(f"HTTP {status} {reason}: {message}" if status else f"API server unreachable: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.retry_after = retry_after
+
+    @property
+    def retryable(self) -> bool:
+        return self.status in RETRYABLE
+
+
+def _retry_after(headers: Any) -> float | None:
+    try:
+        value = headers.get("Retry-After") if headers is not None else None
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _error(status: int, data: bytes, headers: Any) -> ApiError:
+    try:
+        obj = json.loads(data)
+        reason, message = str(obj.get("reason") or ""), str(obj.get("message") or "")
+    except (ValueError, AttributeError):
+        reason, message = "", data[:300].decode("utf-8", "replace")
+    return ApiError(status, reason, message, _retry_after(headers))
+
+
+class TokenBucket:
+    """Client-side rate limit: `rate` requests per second on average, bursts of up to `burst`."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        if rate <= 0 or burst < 1:
+            raise ConfigError(f"api qps={rate} / burst={burst}: use qps > 0 and burst >= 1")
+        self.rate = rate
+        self.capacity = float(burst)
+        self._tokens = float(burst)
+        self._stamp = time.monotonic()
+
+    async def take(self) -> None:
+        while True:
+            now = time.monotonic()
+            self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            if self._tokens >= 1.0:
+                self._tokens -= 1.0
+                return
+            await asyncio.sleep((1.0 - self._tokens) / self.rate)
+
+
+def load_client_configuration(kubeconfig: str | None, context: str | None, host: str | None = None) -> Any:
+    """The official client's Configuration: `host` (a plain http URL, e.g. the fake API), else in-cluster when
+    running in a pod and no kubeconfig is named, else the kubeconfig file ($KUBECONFIG / ~/.kube/config). Blocking."""
+    try:
+        from kubernetes import client, config
+    except ImportError as e:
+        raise MissingDependencyError("the kubernetes sandbox backend needs the kubernetes client: "
+                                     "pip install 'agentrl[k8s]'") from e
+    cfg = client.Configuration()
+    if host is not None:
+        cfg.host = host
+        return cfg
+    import os
+
+    try:
+        if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=cfg)
+        else:
+            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    except (config.ConfigException, OSError) as e:
+        raise ConfigError(f"sandbox.backend: cannot load Kubernetes credentials ({e}); set `kubeconfig` / `context` "
+                          "(or KUBECONFIG), or run inside the cluster with a service account") from e
+    return cfg
+
+
+class KubeApi:
+    """Raw REST access to one API server. `request()` is async (a thread does the I/O); `open_watch()` and
+    `request_sync()` are blocking and only used from the informer's own thread."""
+
+    def __init__(self, configuration: Any, *, threads: int = 16, qps: float = 50.0, burst: int = 100,
+                 timeout_s: float = 30.0) -> None:
+        from kubernetes import client
+
+        configuration.connection_pool_maxsize = threads + 4  # + watches
+        self._client = client.ApiClient(configuration)
+        self._threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="agentrl-k8s")
+        self._bucket = TokenBucket(qps, burst)
+        self.timeout_s = timeout_s
+        self.calls: Counter[str] = Counter()  # "VERB resource" -> count, for stats and benchmarks
+
+    def _count(self, method: str, path: str, query: dict[str, Any] | None) -> None:
+        parts = [p for p in path.split("?")[0].split("/") if p]
+        rest = parts[parts.index("namespaces") + 2:] if "namespaces" in parts else parts[-1:]
+        resource = "/".join(rest[:1] + rest[2:])
+        verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(method)
+        if verb is None:
+            verb = "watch" if (query or {}).get("watch") else ("get" if len(rest) >= 2 else "list")
+        self.calls[f"{verb} {resource}"] += 1
+
+    def request_sync(self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None,
+                     content_type: str = "application/json", stream: bool = False,
+                     timeout: float | None = None) -> Any:
+        """One blocking REST call. Returns the decoded JSON (or, with `stream`, the open urllib3 response)."""
+        import urllib3
+
+        self._count(method, path, query)
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        try:
+            m, url, hdrs, payload, _ = self._client.param_serialize(
+                method=method, resource_path=path, query_params=list((query or {}).items()), header_params=headers,
+                body=body, auth_settings=["BearerToken"])
+            resp = self._client.call_api(m, url, header_params=hdrs, body=payload,
+                                         _request_timeout=timeout or self.timeout_s)
+        except urllib3.exceptions.HTTPError as e:
+            raise ApiError(0, "", f"{type(e).__name__}: {e}") from e
+        if not 200 <= resp.status <= 299:
+            raise _error(resp.status, resp.read() or b"", resp.headers)
+        if stream:
+            return resp.response
+        data = resp.read()
+        return json.loads(data) if data else {}
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """`request_sync` on the thread pool, after the rate limit. A cancelled caller still waits for the call
+        to finish (bounded by the request timeout) so a create cannot land after the cleanup that undoes it."""
+        await self._bucket.take()
+        fut = asyncio.get_running_loop().run_in_executor(
+            self._threads, functools.partial(self.request_sync, method, path, **kwargs))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            await asyncio.wait([fut])
+            if not fut.cancelled():
+                fut.exception()
+            raise
+
+    def open_watch(self, path: str, query: dict[str, Any]) -> Any:
+        """A watch request (blocking); iterate it with `watch_events`."""
+        q = {**query, "watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_TIMEOUT_S)}
+        return self.request_sync("GET", path, query=q, stream=True, timeout=WATCH_TIMEOUT_S + 30)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._threads.shutdown, wait=True)
+        await asyncio.to_thread(self._client.close)
+
+
+def watch_events(resp: Any) -> Iterator[dict[str, Any]]:
+    """The JSON events of a watch response, one per line, as they arrive."""
+    buf = b""
+    for chunk in resp.stream(65536, decode_content=True):
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line.strip():
+                yield json.loads(line)
+
+
+async def retrying(call: Callable[[], Awaitable[T]], *, attempts: int, base_s: float, cap_s: float,
+                   what: str, on_retry: Callable[[ApiError], None] | None = None) -> T:
+    """`call()` until it succeeds or fails with a non-retryable ApiError; retryable ones (429 honouring
+    Retry-After, 5xx, no answer) back off exponentially with full jitter, at most `attempts` tries in all."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return await call()
+        except ApiError as e:
+            if not e.retryable or attempt == attempts:
+                raise
+            delay = random.uniform(0, min(cap_s, base_s * 2 ** (attempt - 1)))
+            if e.retry_after is not None:
+                delay = max(delay, min(e.retry_after, cap_s))
+            if on_retry is not None:
+                on_retry(e)
+            log.info("%s: %s; retry %d/%d in %.2fs", what, e, attempt, attempts - 1, delay)
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def name_of(obj: dict[str, Any]) -> str:
+    return obj["metadata"]["name"]
+
+
+class Informer:
+    """A list+watch of the objects under `path` matching `selector`, kept in `objects` (name -> object).
+    The watch runs on its own thread and hands events to the loop; `wait()` wakes on changes of one object,
+    `changed()` on any. A watch that expires (410) relists; a broken one reconnects with backoff."""
+
+    def __init__(self, api: KubeApi, path: str, selector: str) -> None:
+        self.api = api
+        self.path = path
+        self.selector = selector
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.deleted: dict[str, dict[str, Any]] = {}  # name -> last state, for objects seen and then deleted
+        self._rv = ""
+        self._signals: dict[str, asyncio.Event] = {}
+        self._any = asyncio.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._resp: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.events = 0
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        listing = await self.api.request("GET", self.path, query={"labelSelector": self.selector})
+        self._replace(listing)
+        self._thread = threading.Thread(target=self._run, name=f"agentrl-k8s-watch{self.path}", daemon=True)
+        self._thread.start()
+
+    def _replace(self, listing: dict[str, Any]) -> None:
+        fresh = {name_of(o): o for o in listing.get("items") or []}
+        for name in set(self.objects) - set(fresh):
+            self.deleted[name] = self.objects[name]
+        self.objects = fresh
+        self._rv = listing.get("metadata", {}).get("resourceVersion", "")
+        for name in list(self._signals):
+            self._signal(name)
+        self._signal(None)
+
+    def _apply(self, kind: str, obj: dict[str, Any]) -> None:
+        self.events += 1
+        name = name_of(obj)
+        if kind == "DELETED":
+            self.objects.pop(name, None)
+            self.deleted[name] = obj
+            if len(self.deleted) > 10_000:
+                self.deleted.pop(next(iter(self.deleted)))
+        else:
+            self.objects[name] = obj
+        self._signal(name)
+        self._signal(None)
+
+    def _signal(self, name: str | None) -> None:
+        if name is None:
+            event, self._any = self._any, asyncio.Event()
+            event.set()
+        elif (event := self._signals.pop(name, None)) is not None:
+            event.set()
+
+    def changed(self) -> asyncio.Event:
+        """An event set at the next change of any object."""
+        return self._any
+
+    async def wait(self, name: str, check: Callable[[dict[str, Any] | None, bool], T | None]) -> T:
+        """Until `check(obj, deleted)` returns something other than None (callers bound it with a timeout)."""
+        while True:
+            result = check(self.objects.get(name), name in self.deleted and name not in self.objects)
+            if result is not None:
+                return result
+            event = self._signals.setdefault(name, asyncio.Event())
+            await event.wait()
+
+    # ------------------------------------------------------------ the watch thread
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
+
+    def _run(self) -> None:
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                self._watch_once()
+                backoff = 0.2
+            except ApiError as e:
+                if self._stop.is_set():
+                    return
+                if e.status == 410:
+                    self._relist()
+                    continue
+                log.warning("watch %s: %s; reconnecting in %.1fs", self.path, e, backoff)
+            except Exception as e:  # noqa: BLE001 - a broken stream: reconnect from the last resourceVersion
+                if self._stop.is_set():
+                    return
+                log.warning("watch %s broke (%s: %s); reconnecting in %.1fs", self.path, type(e).__name__, e, backoff)
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def _watch_once(self) -> None:
+        query = {"labelSelector": self.selector, "resourceVersion": self._rv}
+        self._resp = resp = self.api.open_watch(self.path, query)
+        try:
+            for ev in watch_events(resp):
+                if self._stop.is_set():
+                    return
+                kind, obj = ev.get("type"), ev.get("object") or {}
+                if kind == "ERROR":
+                    raise ApiError(int(obj.get("code") or 500), str(obj.get("reason") or ""),
+                                   str(obj.get("message") or ""))
+                self._rv = obj.get("metadata", {}).get("resourceVersion", self._rv)
+                if kind != "BOOKMARK":
+                    self._post(self._apply, kind, obj)
+        finally:
+            self._resp = None
+            resp.release_conn()
+
+    def _relist(self) -> None:
+        listing = self.api.request_sync("GET", self.path, query={"labelSelector": self.selector})
+        self._rv = listing.get("metadata", {}).get("resourceVersion", "")
+        self._post(self._replace, listing)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        resp = self._resp
+        if resp is not None:
+            try:
+                resp.shutdown()  # unblocks the thread's read
+            except Exception:  # noqa: BLE001 - best effort: the server-side timeout ends it anyway
+                pass
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 5.0)

@@ -1,0 +1,419 @@
+"""What a sandbox pod is: manifests, labels, ownership, tokens and the rules about pod state. Pure functions, no I/O.
+
+Owns: the pod (and its agent ConfigMap / key Secret) the `kubernetes` backend creates, with the security defaults
+enforced whatever the user's pod template says; the labels and annotations that carry pool, state, owner and run;
+the per-sandbox bearer token; predicates over pod objects (running, ready, dead, age); and the sweep rule.
+Does not own API calls (`k8s_api.py`) or when to create, claim or delete (`k8s_pool.py`).
+
+One sandbox pod:
+
+    init container agentrl-init (the task image; any image with python3):
+        copies agent.py from the agent ConfigMap (mounted only here) into the `agentrl` emptyDir and writes
+        `token` = HMAC-SHA256(namespace key, pod name), 0400; the key Secret is mounted only here
+    container sandbox: python3 /agentrl/agent.py --tcp $(POD_IP):PORT --token-file /agentrl/token
+        --workspace /workspace; /agentrl read-only, /workspace and /tmp emptyDirs of spec.disk each
+    pod: no service-account token, no service links, restartPolicy Never, activeDeadlineSeconds as TTL,
+        runAsNonRoot (uid/gid 1000), seccomp RuntimeDefault; every container: no privilege escalation,
+        read-only root filesystem, all capabilities dropped, resources requests == limits
+
+Why a derived token: no per-pod Secret (no extra API calls, nothing to garbage-collect), and the token is in no API
+object, so anyone who may read pods still cannot call a sandbox; a sandbox that reads its own token learns nothing
+about another's. Why the agent comes from a ConfigMap, copied by an init container: the pod object stays small
+(every watch event carries it) and the task image needs nothing but python3.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from agentrl.errors import ConfigError
+from agentrl.sandbox.base import SandboxSpec
+
+Obj = dict[str, Any]
+
+# labels (selectable) and annotations (free text)
+MANAGED_BY, MANAGED = "app.kubernetes.io/managed-by", "agentrl"
+L_ROLE, L_POOL, L_SPEC, L_STATE = "agentrl.io/role", "agentrl.io/pool", "agentrl.io/spec", "agentrl.io/state"
+L_CREATOR, L_OWNER, L_OWNER_UID, L_RUN = ("agentrl.io/creator", "agentrl.io/owner", "agentrl.io/owner-uid",
+                                          "agentrl.io/run-id")
+L_EGRESS = "agentrl.io/egress"
+A_HOST, A_PID, A_START, A_POD = ("agentrl.io/owner-host", "agentrl.io/owner-pid", "agentrl.io/owner-start",
+                                 "agentrl.io/owner-pod")
+A_NONCE, A_LABELS = "agentrl.io/create-nonce", "agentrl.io/caller-labels"
+WARM, CLAIMED = "warm", "claimed"
+ROLE = "sandbox"
+RUN_ID_KEYS = ("agentrl/run-id", "agentrl.run_id", "run_id")  # where a caller's labels may carry the run id
+
+UID = 1000
+AGENT_DIR, WORKSPACE, TMP, SRC_DIR, KEY_DIR = "/agentrl", "/workspace", "/tmp", "/agentrl-src", "/agentrl-key"
+CONTAINER, INIT = "sandbox", "agentrl-init"
+DEAD_PHASES = ("Failed", "Succeeded")
+FATAL_WAITING = frozenset({"ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError",
+                           "CreateContainerError", "RunContainerError", "CrashLoopBackOff"})
+INIT_SCRIPT = """\
+import hashlib, hmac, os, shutil, sys
+src, key_file, dst = sys.argv[1:4]
+shutil.copyfile(src, os.path.join(dst, "agent.py"))
+with open(key_file, "rb") as f:
+    key = f.read().strip()
+token = hmac.new(key, os.environ["POD_NAME"].encode(), hashlib.sha256).hexdigest()
+fd = os.open(os.path.join(dst, "token"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
+os.write(fd, token.encode())
+os.close(fd)
+"""
+# pod-template keys a user may set (the rest is ours); containers/volumes are merged, see merge_template()
+TEMPLATE_SPEC_KEYS = frozenset({"nodeSelector", "affinity", "tolerations", "priorityClassName", "imagePullSecrets",
+                                "runtimeClassName", "schedulerName", "topologySpreadConstraints", "dnsPolicy",
+                                "dnsConfig", "volumes", "containers", "terminationGracePeriodSeconds"})
+TEMPLATE_CONTAINER_KEYS = frozenset({"name", "image", "imagePullPolicy", "env", "envFrom", "resources",
+                                     "volumeMounts"})
+FORBIDDEN_VOLUMES = ("hostPath",)
+
+
+def derive_token(key: bytes, pod_name: str) -> str:
+    """The bearer token of the pod called `pod_name` (what INIT_SCRIPT writes inside it)."""
+    return hmac.new(key.strip(), pod_name.encode(), hashlib.sha256).hexdigest()
+
+
+def label_value(text: str) -> str:
+    """`text` made a valid label value (<= 63 chars of [A-Za-z0-9._-], alphanumeric at both ends)."""
+    clean = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._-") else "-" for ch in text)[:63]
+    return clean.strip("._-")
+
+
+def quantity(n_bytes: int) -> str:
+    for suffix, unit in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if n_bytes % unit == 0:
+            return f"{n_bytes // unit}{suffix}"
+    return str(n_bytes)
+
+
+def cpu_quantity(cpus: float) -> str:
+    return f"{max(1, round(cpus * 1000))}m"
+
+
+def parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+# ------------------------------------------------------------------ who owns a pod
+
+
+def _proc_start(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().decode("ascii", "replace").rpartition(")")[2].split()[19]
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The process that owns claimed pods: a random session id, its host/pid/start time, and (in-cluster, from the
+    downward API env POD_NAME / POD_NAMESPACE / POD_UID) its own pod, which claimed pods reference as owner."""
+
+    session: str
+    host: str
+    pid: int
+    pid_start: str
+    pod_name: str | None = None
+    pod_namespace: str | None = None
+    pod_uid: str | None = None
+
+    @classmethod
+    def from_env(cls, session: str) -> "Owner":
+        pid = os.getpid()
+        return cls(session=session, host=socket.gethostname(), pid=pid, pid_start=_proc_start(pid) or "",
+                   pod_name=os.environ.get("POD_NAME") or None, pod_namespace=os.environ.get("POD_NAMESPACE") or None,
+                   pod_uid=os.environ.get("POD_UID") or None)
+
+    def labels(self) -> dict[str, str]:
+        out = {L_OWNER: self.session}
+        if self.pod_uid:
+            out[L_OWNER_UID] = label_value(self.pod_uid)
+        return out
+
+    def annotations(self) -> dict[str, str]:
+        out = {A_HOST: self.host, A_PID: str(self.pid), A_START: self.pid_start}
+        if self.pod_name:
+            out[A_POD] = f"{self.pod_namespace or ''}/{self.pod_name}"
+        return out
+
+    def owner_references(self, namespace: str) -> list[Obj]:
+        """A reference to our own pod, only when it is in the sandboxes' namespace (the garbage collector deletes
+        dependents of a cross-namespace owner at once)."""
+        if not (self.pod_name and self.pod_uid and self.pod_namespace == namespace):
+            return []
+        return [{"apiVersion": "v1", "kind": "Pod", "name": self.pod_name, "uid": self.pod_uid,
+                 "blockOwnerDeletion": False}]
+
+
+# ------------------------------------------------------------------ manifests
+
+
+def agent_configmap(name: str, source: str, namespace: str) -> Obj:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True,
+            "metadata": {"name": name, "namespace": namespace, "labels": {MANAGED_BY: MANAGED}},
+            "data": {"agent.py": source}}
+
+
+def agent_configmap_name(source: str) -> str:
+    return "agentrl-agent-" + hashlib.sha256(source.encode()).hexdigest()[:12]
+
+
+def key_secret(name: str, key: str, namespace: str) -> Obj:
+    import base64
+
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": name, "namespace": namespace, "labels": {MANAGED_BY: MANAGED}},
+            "data": {"key": base64.b64encode(key.encode()).decode()}}
+
+
+@dataclass(frozen=True)
+class PodOptions:
+    """The parts of the backend config the pod manifest depends on."""
+
+    namespace: str
+    pool: str
+    agent_port: int
+    agent_configmap: str
+    key_secret: str
+    runtime_class: str | None = None
+    image_pull_policy: str | None = None
+    template: Any = None  # a PodTemplateSpec-like mapping (metadata + spec), see merge_template()
+
+
+def _restricted(read_only_root: bool = True) -> Obj:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": read_only_root, "privileged": False,
+            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+
+
+def _resources(cpu: str, memory: str, storage: str) -> Obj:
+    values = {"cpu": cpu, "memory": memory, "ephemeral-storage": storage}
+    return {"requests": dict(values), "limits": dict(values)}
+
+
+def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
+    """The pod spec of one sandbox (before the user's template is merged in)."""
+    disk = quantity(spec.disk_bytes)
+    storage = quantity(2 * spec.disk_bytes + (64 << 20))  # workspace + /tmp + logs and the agent dir
+    init = {
+        "name": INIT, "image": spec.image,
+        "command": ["python3", "-c", INIT_SCRIPT, f"{SRC_DIR}/agent.py", f"{KEY_DIR}/key", AGENT_DIR],
+        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "resources": _resources("100m", "64Mi", "16Mi"), "securityContext": _restricted(),
+        "volumeMounts": [{"name": "agent-src", "mountPath": SRC_DIR, "readOnly": True},
+                         {"name": "agent-key", "mountPath": KEY_DIR, "readOnly": True},
+                         {"name": "agentrl", "mountPath": AGENT_DIR}],
+    }
+    main = {
+        "name": CONTAINER, "image": spec.image,
+        "command": ["python3", f"{AGENT_DIR}/agent.py", "--tcp", f"$(POD_IP):{opts.agent_port}",
+                    "--token-file", f"{AGENT_DIR}/token", "--workspace", WORKSPACE],
+        "workingDir": WORKSPACE,
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": "HOME", "value": WORKSPACE}, {"name": "TMPDIR", "value": TMP}],
+        "ports": [{"name": "agent", "containerPort": opts.agent_port, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": "agent"}, "periodSeconds": 1, "timeoutSeconds": 1,
+                           "successThreshold": 1, "failureThreshold": 3},
+        "resources": _resources(cpu_quantity(spec.cpus), quantity(spec.memory_bytes), storage),
+        "securityContext": _restricted(),
+        "volumeMounts": [{"name": "agentrl", "mountPath": AGENT_DIR, "readOnly": True},
+                         {"name": "workspace", "mountPath": WORKSPACE}, {"name": "tmp", "mountPath": TMP}],
+    }
+    if opts.image_pull_policy:
+        init["imagePullPolicy"] = main["imagePullPolicy"] = opts.image_pull_policy
+    out: Obj = {
+        "automountServiceAccountToken": False, "enableServiceLinks": False, "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 2, "activeDeadlineSeconds": int(deadline_s),
+        "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "initContainers": [init], "containers": [main],
+        "volumes": [{"name": "agentrl", "emptyDir": {"sizeLimit": "16Mi"}},
+                    {"name": "workspace", "emptyDir": {"sizeLimit": disk}},
+                    {"name": "tmp", "emptyDir": {"sizeLimit": disk}},
+                    {"name": "agent-src", "configMap": {"name": opts.agent_configmap, "defaultMode": 0o444}},
+                    {"name": "agent-key", "secret": {"secretName": opts.key_secret, "defaultMode": 0o440}}],
+    }
+    if opts.runtime_class:
+        out["runtimeClassName"] = opts.runtime_class
+    return merge_template(out, opts.template)
+
+
+def check_template(template: Any) -> None:
+    """Refuse pod-template content that would weaken the sandbox or that the backend owns. Raises ConfigError."""
+    if template is None:
+        return
+    if not isinstance(template, dict) or set(template) - {"metadata", "spec"}:
+        raise ConfigError("sandbox.backend.pod_template: use a pod template with only `metadata` and `spec`")
+    spec = template.get("spec") or {}
+    extra = sorted(set(spec) - TEMPLATE_SPEC_KEYS)
+    if extra:
+        raise ConfigError(f"sandbox.backend.pod_template.spec: {', '.join(extra)} cannot be set (the backend owns "
+                          f"them or they would weaken isolation); allowed: {', '.join(sorted(TEMPLATE_SPEC_KEYS))}")
+    for c in spec.get("containers") or []:
+        if c.get("name") != CONTAINER or set(c) - TEMPLATE_CONTAINER_KEYS:
+            raise ConfigError(f"sandbox.backend.pod_template.spec.containers: only one container named {CONTAINER!r} "
+                              f"with {', '.join(sorted(TEMPLATE_CONTAINER_KEYS))} may be given")
+    for v in spec.get("volumes") or []:
+        if any(k in v for k in FORBIDDEN_VOLUMES) or v.get("name") in ("agentrl", "workspace", "tmp", "agent-src",
+                                                                      "agent-key"):
+            raise ConfigError(f"sandbox.backend.pod_template.spec.volumes: volume {v.get('name')!r} is not allowed "
+                              "(hostPath volumes and the backend's own volume names are refused)")
+    meta = template.get("metadata") or {}
+    if set(meta) - {"labels", "annotations"}:
+        raise ConfigError("sandbox.backend.pod_template.metadata: only labels and annotations may be given")
+
+
+def merge_template(out: Obj, template: Any) -> Obj:
+    """User template + our pod spec: user's scheduling fields and extra volumes are kept; for the sandbox container
+    the user may set image, pull policy, env, and extra mounts; resources from the template replace the spec's but
+    requests are always set equal to limits. Everything security-relevant stays ours."""
+    if not template:
+        return out
+    spec = template.get("spec") or {}
+    for key, value in spec.items():
+        if key not in ("containers", "volumes"):
+            out[key] = json.loads(json.dumps(value))
+    out["volumes"] = out["volumes"] + list(spec.get("volumes") or [])
+    main = out["containers"][0]
+    for c in spec.get("containers") or []:
+        for key in ("image", "imagePullPolicy", "envFrom"):
+            if key in c:
+                main[key] = c[key]
+        if "image" in c:
+            out["initContainers"][0]["image"] = c["image"]
+        main["env"] = main["env"] + [e for e in c.get("env") or [] if e.get("name") not in ("POD_IP", "HOME")]
+        main["volumeMounts"] = main["volumeMounts"] + list(c.get("volumeMounts") or [])
+        if c.get("resources"):
+            limits = {**(c["resources"].get("requests") or {}), **(c["resources"].get("limits") or {})}
+            main["resources"] = {"requests": dict(limits), "limits": dict(limits)}
+    return out
+
+
+def pod_manifest(name: str, spec_body: Obj, *, labels: dict[str, str], annotations: dict[str, str],
+                 owner_refs: list[Obj], namespace: str, template: Any = None) -> Obj:
+    meta_t = (template or {}).get("metadata") or {}
+    metadata: Obj = {"name": name, "namespace": namespace,
+                     "labels": {**(meta_t.get("labels") or {}), **labels},
+                     "annotations": {**(meta_t.get("annotations") or {}), **annotations}}
+    if owner_refs:
+        metadata["ownerReferences"] = owner_refs
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec_body}
+
+
+def spec_hash(spec_body: Obj) -> str:
+    """Pods of equal rendered spec (image, limits, agent, TTL...) are interchangeable in the warm pool."""
+    body = {k: v for k, v in spec_body.items() if k != "activeDeadlineSeconds"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def base_labels(pool: str, shash: str, spec: SandboxSpec) -> dict[str, str]:
+    out = {MANAGED_BY: MANAGED, L_ROLE: ROLE, L_POOL: pool, L_SPEC: shash}
+    if spec.network:
+        out[L_EGRESS] = "allowed"
+    return out
+
+
+def run_id_of(labels: dict[str, str]) -> str:
+    return label_value(next((str(labels[k]) for k in RUN_ID_KEYS if labels.get(k)), ""))
+
+
+# ------------------------------------------------------------------ pod state
+
+
+def _labels(pod: Obj) -> dict[str, str]:
+    return pod.get("metadata", {}).get("labels") or {}
+
+
+def container_status(pod: Obj, name: str = CONTAINER) -> Obj:
+    return next((c for c in pod.get("status", {}).get("containerStatuses") or [] if c.get("name") == name), {})
+
+
+def is_running(pod: Obj) -> bool:
+    """The agent container runs and the pod has an IP (the agent may still be binding its port)."""
+    st = pod.get("status", {})
+    return (st.get("phase") == "Running" and bool(st.get("podIP")) and "running" in container_status(pod).get(
+        "state", {}) and not pod["metadata"].get("deletionTimestamp"))
+
+
+def is_ready(pod: Obj) -> bool:
+    """Running and the kubelet's readiness probe reached the agent's port."""
+    conds = {c.get("type"): c.get("status") for c in pod.get("status", {}).get("conditions") or []}
+    return is_running(pod) and conds.get("Ready") == "True"
+
+
+def death_reason(pod: Obj | None, deleted: bool) -> str | None:
+    """Why this pod will never serve (None while it still may)."""
+    if pod is None:
+        return "the pod was deleted" if deleted else None
+    st = pod.get("status", {})
+    if pod["metadata"].get("deletionTimestamp"):
+        return "the pod is being deleted"
+    if st.get("phase") in DEAD_PHASES:
+        return f"the pod is {st['phase']}: {st.get('reason', '')} {st.get('message', '')}".strip()
+    for cs in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or []):
+        waiting = cs.get("state", {}).get("waiting") or {}
+        if waiting.get("reason") in FATAL_WAITING:
+            return f"container {cs.get('name')}: {waiting['reason']}: {waiting.get('message', '')}".strip()
+    return None
+
+
+def started_at(pod: Obj) -> float | None:
+    """When activeDeadlineSeconds started counting (status.startTime), else the creation time."""
+    return parse_time(pod.get("status", {}).get("startTime")) or parse_time(pod["metadata"].get("creationTimestamp"))
+
+
+def age_s(pod: Obj, now: float) -> float:
+    start = started_at(pod)
+    return now - start if start is not None else 0.0
+
+
+def expired(pod: Obj, now: float) -> bool:
+    deadline = pod.get("spec", {}).get("activeDeadlineSeconds")
+    start = started_at(pod)
+    return deadline is not None and start is not None and now > start + float(deadline)
+
+
+def owner_process_dead(meta: Obj, host: str) -> bool:
+    """The owner process ran on this host and is gone (or its pid now names another process)."""
+    ann = meta.get("annotations") or {}
+    if ann.get(A_HOST) != host or not ann.get(A_PID, "").isdigit():
+        return False
+    start = _proc_start(int(ann[A_PID]))
+    return start is None or start != (ann.get(A_START) or start)
+
+
+def should_remove(pod: Obj, *, now: float, host: str, live_owner_uids: set[str] | None, run_id: str | None,
+                  all_runs: bool) -> bool:
+    """The sweep rule for one pod (pure): ours and (all runs | of `run_id` | dead | past its TTL | claimed by an
+    owner that is gone). Unclaimed warm pods are shared: only their TTL or death removes them."""
+    labels = _labels(pod)
+    if labels.get(MANAGED_BY) != MANAGED or labels.get(L_ROLE) != ROLE:
+        return False
+    if all_runs:
+        return True
+    if run_id is not None:
+        return labels.get(L_RUN) == run_id
+    if pod.get("status", {}).get("phase") in DEAD_PHASES or expired(pod, now):
+        return True
+    if labels.get(L_STATE) != CLAIMED:
+        return False
+    uid = labels.get(L_OWNER_UID)
+    if uid and live_owner_uids is not None and uid not in live_owner_uids:
+        return True
+    return owner_process_dead(pod["metadata"], host)
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,293 @@
+"""Kubernetes backend: sandboxes as pods, from a warm pool shared by every rollout worker. The control plane only.
+
+Owns: the backend's config (`KubernetesSandboxConfig`), bootstrapping what every sandbox pod needs in its
+namespace (the agent ConfigMap, the token key Secret), turning a claimed or created pod into a `SandboxHandle`
+(pod IP + agent port + the pod's bearer token), waiting until its agent answers, and choosing the control plane:
+
+    control_plane: pods           this module's own warm pool of pods (`k8s_pool.py`): claims by conditional
+                                  update, refill, recycling, sweep (the default; needs only pod verbs + 2 objects)
+    control_plane: agent-sandbox  the Kubernetes SIG agent-sandbox CRDs (`k8s_claims.py`): a SandboxClaim per
+                                  sandbox against a SandboxWarmPool of a SandboxTemplate rendered from this config
+
+Does not own: commands (they go to the in-sandbox agent over keep-alive HTTP with TCP_NODELAY through `client.py`;
+never Kubernetes exec), leases (`pool.py`), manifests and pod rules (`k8s_pods.py`), API I/O (`k8s_api.py`).
+
+API calls per sandbox are constant, whatever the number of commands: warm hit = 1 conditional patch (claim) + 1
+delete, plus the refill's 1 create; cold = 1 create + 1 delete. Readiness comes from one watch per process.
+The bearer token is never logged and is in no API object (see `k8s_pods.py`).
+
+Wiring (in the CLI): `sandbox.backend: {type: kubernetes, namespace: agentrl, warm: 32, ...}` validates as
+`KubernetesSandboxConfig`; `make_backend("kubernetes", config=cfg)` builds the backend. Outside a pod it uses the
+kubeconfig (`kubeconfig`/`context` or $KUBECONFIG); in a pod its service account (the Role in k8s/base).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agentrl.errors import ConfigError, SandboxDiedError, SandboxStartError
+from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
+from agentrl.sandbox.client import AgentClient
+from agentrl.sandbox.k8s_api import ApiError, KubeApi, load_client_configuration, retrying
+from agentrl.sandbox.k8s_pods import (Owner, PodOptions, agent_configmap, agent_configmap_name, check_template,
+                                      derive_token, key_secret)
+
+log = logging.getLogger("agentrl.sandbox")
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class AgentSandboxOptions(BaseModel):
+    """The agent-sandbox control plane (extensions.agents.x-k8s.io). The backend keeps a SandboxTemplate and a
+    SandboxWarmPool named after `pool` in sync with this config unless `manage_template` is false (then they must
+    exist, their pods built like this backend's: `KubernetesBackend.sandbox_template()` renders one)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    api_version: str = "v1beta1"
+    manage_template: bool = True
+
+
+class KubernetesSandboxConfig(BaseModel):
+    """`sandbox.backend` for `type: kubernetes`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["kubernetes"] = "kubernetes"
+    namespace: str = Field(default="agentrl", pattern=_DNS_LABEL, max_length=63)
+    kubeconfig: str | None = None  # None: in-cluster in a pod, else $KUBECONFIG / ~/.kube/config
+    context: str | None = None
+    control_plane: Literal["pods", "agent-sandbox"] = "pods"
+    pool: str = Field(default="default", pattern=_DNS_LABEL, max_length=40)  # workers sharing a pool share pods
+    warm: int = Field(default=0, ge=0)  # ready unclaimed pods this worker keeps in the shared pool
+    max_pending: int = Field(default=16, ge=1)  # this worker's refill: pods created and not ready yet, at most
+    warm_max_idle_s: int = Field(default=900, ge=30)  # a warm pod older than this is recycled, never claimed
+    claim_attempts: int = Field(default=8, ge=1)  # conditional-update conflicts before starting a pod cold
+    claim_grace_s: float = Field(default=0.0, ge=0)  # wait this long for a warm pod when refills are pending
+    qps: float = Field(default=50.0, gt=0)  # client-side API rate limit (requests/s) and burst
+    burst: int = Field(default=100, ge=1)
+    threads: int = Field(default=16, ge=2)  # threads (and HTTP connections) for API calls
+    api_timeout_s: float = Field(default=30.0, gt=0)
+    api_attempts: int = Field(default=6, ge=1)  # tries of one call on 429 / 5xx / no answer
+    backoff_base_s: float = Field(default=0.2, gt=0)
+    backoff_max_s: float = Field(default=10.0, gt=0)
+    start_timeout_s: float = Field(default=300.0, gt=0)  # scheduling + image pull + agent up, per pod
+    agent_port: int = Field(default=8765, ge=1, le=65535)
+    runtime_class: str | None = None  # e.g. "gvisor" (k8s/components/gvisor)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    pod_template: dict[str, Any] | None = None  # PodTemplateSpec (metadata + spec): scheduling, pull secrets...
+    key_secret: str = Field(default="agentrl-sandbox-key", pattern=_DNS_LABEL)
+    delete_grace_s: int = Field(default=1, ge=0)
+    keep_warm_on_close: bool = False  # leave this worker's warm pods for other workers when it exits
+    agent_sandbox: AgentSandboxOptions = Field(default_factory=AgentSandboxOptions)
+
+    @field_validator("pod_template")
+    @classmethod
+    def _template(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        try:
+            check_template(v)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        return v
+
+
+class KubernetesBackend:
+    """Sandboxes as pods. `KubernetesBackend(config)` or `KubernetesBackend(namespace=..., warm=...)` (config
+    fields as keywords). `api_host` points the client at a plain-HTTP API (the fake in `agentrl.testing`);
+    `owner` replaces the owner identity read from the environment (tests simulate several workers with it)."""
+
+    name = "kubernetes"
+
+    def __init__(self, config: KubernetesSandboxConfig | None = None, *, api_host: str | None = None,
+                 owner: Owner | None = None, agent_file: Path | None = None, **fields: Any) -> None:
+        if config is not None and fields:
+            raise ConfigError(f"KubernetesBackend: pass either config or fields, not both ({sorted(fields)})")
+        self.config = config or KubernetesSandboxConfig(**fields)
+        self._api_host = api_host
+        self.owner = owner or Owner.from_env(secrets.token_hex(6))
+        self._agent_file = Path(agent_file) if agent_file is not None else Path(__file__).with_name("agent.py")
+        self.api: KubeApi | None = None
+        self.plane: Any = None
+        self._key = b""
+        self._start_lock = asyncio.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        c = self.config
+        return f"KubernetesBackend(namespace={c.namespace!r}, pool={c.pool!r}, control_plane={c.control_plane!r})"
+
+    # ------------------------------------------------------------------ start-up
+
+    async def _started(self) -> Any:
+        async with self._start_lock:
+            if self._closed:
+                raise SandboxStartError("the kubernetes backend is closed")
+            if self.plane is None:
+                await self._start()
+        return self.plane
+
+    async def _start(self) -> None:
+        c = self.config
+        configuration = await asyncio.to_thread(load_client_configuration, c.kubeconfig, c.context, self._api_host)
+        self.api = KubeApi(configuration, threads=c.threads, qps=c.qps, burst=c.burst, timeout_s=c.api_timeout_s)
+        source = await asyncio.to_thread(self._agent_file.read_text)
+        cm_name = agent_configmap_name(source)
+        await self._ensure("configmaps", cm_name, agent_configmap(cm_name, source, c.namespace))
+        secret = await self._ensure("secrets", c.key_secret, key_secret(c.key_secret, secrets.token_hex(32),
+                                                                         c.namespace))
+        self._key = base64.b64decode(secret["data"]["key"]).strip()
+        opts = PodOptions(namespace=c.namespace, pool=c.pool, agent_port=c.agent_port, agent_configmap=cm_name,
+                          key_secret=c.key_secret, runtime_class=c.runtime_class,
+                          image_pull_policy=c.image_pull_policy, template=c.pod_template)
+        if c.control_plane == "pods":
+            from agentrl.sandbox.k8s_pool import PodPool
+
+            plane: Any = PodPool(self.api, c, opts, self.owner)
+        else:
+            from agentrl.sandbox.k8s_claims import ClaimPlane
+
+            plane = ClaimPlane(self.api, c, opts, self.owner)
+        await plane.start()
+        self.plane = plane
+
+    async def _call(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
+        c = self.config
+        return await retrying(lambda: self.api.request(method, path, **kwargs), attempts=c.api_attempts,
+                              base_s=c.backoff_base_s, cap_s=c.backoff_max_s, what=what)
+
+    async def _ensure(self, plural: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Get the object, creating it when missing (another worker may win the race: then read theirs)."""
+        path = f"/api/v1/namespaces/{self.config.namespace}/{plural}"
+        try:
+            return await self._call("GET", f"{path}/{name}", f"get {plural}/{name}")
+        except ApiError as e:
+            if e.status != 404:
+                raise self._api_problem(e, f"reading {plural}/{name}") from e
+        try:
+            return await self._call("POST", path, f"create {plural}/{name}", body=body)
+        except ApiError as e:
+            if e.status == 409:
+                return await self._call("GET", f"{path}/{name}", f"get {plural}/{name}")
+            raise self._api_problem(e, f"creating {plural}/{name}") from e
+
+    def _api_problem(self, e: ApiError, doing: str) -> Exception:
+        if e.status in (401, 403):
+            return ConfigError(f"kubernetes backend: {doing} in namespace {self.config.namespace!r} was refused "
+                               f"({e}); apply k8s/base (Role agentrl-rollout) and run with its service account")
+        if e.status == 404 and "namespace" in e.message.lower():
+            return ConfigError(f"namespace {self.config.namespace!r} does not exist: kubectl apply -k k8s/base, or "
+                               "set sandbox.backend.namespace")
+        return SandboxStartError(f"kubernetes backend: {doing} failed: {e}")
+
+    async def warm_up(self, spec: SandboxSpec) -> None:
+        """Start keeping `config.warm` pods of `spec` in the shared pool now (create() does it on first use)."""
+        plane = await self._started()
+        await plane.warm_up(spec)
+
+    # ------------------------------------------------------------------ the backend protocol
+
+    async def create(self, spec: SandboxSpec, labels: dict[str, str]) -> SandboxHandle:
+        """A sandbox of `spec`: a claimed warm pod when one is ready, else a new pod. Returns once its agent
+        answers. Cancellation-safe: a pod claimed or created by a cancelled or failed call is deleted."""
+        plane = await self._started()
+        t0 = time.monotonic()
+        try:
+            got = await plane.acquire(spec, labels)
+        except ApiError as e:
+            raise self._api_problem(e, "starting a sandbox pod") from e
+        try:
+            endpoint = self._endpoint(got.ip, got.pod_name)
+            t1 = time.monotonic()
+            await self._wait_agent(plane, got.name, endpoint, t0 + self.config.start_timeout_s)
+        except BaseException:
+            await asyncio.shield(self._discard(plane, got.name))
+            raise
+        timings = {"create_s": got.acquired_s, "agent_ready_s": time.monotonic() - t1, "warm_hit": float(got.warm)}
+        return SandboxHandle(id=got.name, backend=self.name, endpoint=endpoint, labels=got.labels, timings=timings)
+
+    def _endpoint(self, ip: str, pod_name: str) -> AgentEndpoint:
+        host = f"[{ip}]" if ":" in ip else ip
+        return AgentEndpoint(kind="tcp", address=f"{host}:{self.config.agent_port}",
+                             token=derive_token(self._key, pod_name))
+
+    async def _wait_agent(self, plane: Any, name: str, endpoint: AgentEndpoint, deadline: float) -> None:
+        """The agent may still be binding its port: retry /health (data plane, not the API) with a growing delay,
+        failing fast when the pod dies meanwhile."""
+        delay = 0.005
+        while True:
+            if await _healthy(endpoint):
+                return
+            dead = plane.death(name)
+            if dead is not None:
+                raise SandboxStartError(f"sandbox pod {name} died before its agent answered: {dead}")
+            if time.monotonic() >= deadline:
+                raise SandboxStartError(f"agent in pod {name} did not answer within "
+                                        f"start_timeout_s={self.config.start_timeout_s:.0f}s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+    async def _discard(self, plane: Any, name: str) -> None:
+        try:
+            await plane.release(name)
+        except Exception as e:  # noqa: BLE001 - the create's own error is what propagates
+            log.warning("could not delete half-started sandbox pod %s: %s (agentrl sandbox gc removes it)", name, e)
+
+    async def destroy(self, handle: SandboxHandle) -> None:
+        """Delete the pod (or claim). Idempotent."""
+        if self.plane is None:
+            return
+        await self.plane.release(handle.id)
+
+    async def alive(self, handle: SandboxHandle) -> bool:
+        """From the watch cache: the pod runs and is not being deleted (no API call)."""
+        if self.plane is None:
+            return False
+        return self.plane.death(handle.id) is None and self.plane.known(handle.id)
+
+    async def sweep(self, *, run_id: str | None = None, all_runs: bool = False) -> int:
+        """Delete agentrl sandboxes in the namespace and return how many: with neither argument, orphans (claimed by
+        an owner that is gone, dead, or past their TTL); with `run_id`, every one of that run; with `all_runs`,
+        every one."""
+        plane = await self._started()
+        return await plane.sweep(run_id=run_id, all_runs=all_runs)
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.plane.counters) if self.plane is not None else {}
+        out["api_calls"] = dict(self.api.calls) if self.api is not None else {}
+        return out
+
+    async def close(self) -> None:
+        """Delete what this worker holds (its claimed pods; its warm pods unless keep_warm_on_close), stop the
+        watch and the API threads. Safe to call twice."""
+        async with self._start_lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self.plane is not None:
+            await self.plane.close()
+        if self.api is not None:
+            await self.api.close()
+
+    def sandbox_template(self, spec: SandboxSpec) -> dict[str, Any]:
+        """The SandboxTemplate (agent-sandbox CRD) of `spec`, after start-up (names the agent ConfigMap)."""
+        if self.plane is None or not hasattr(self.plane, "template_manifest"):
+            raise ConfigError("sandbox_template() needs control_plane: agent-sandbox and a started backend")
+        return self.plane.template_manifest(spec)
+
+
+async def _healthy(endpoint: AgentEndpoint) -> bool:
+    client = AgentClient(endpoint, max_connections=1, connect_timeout_s=2.0)
+    try:
+        status, obj = await client.request("GET", "/health", None, timeout=5.0)
+        return status == 200 and obj.get("ok") is True
+    except SandboxDiedError:
+        return False
+    finally:
+        await client.close()

@@ -1,0 +1,118 @@
+"""Fixtures of the kubernetes tier.
+
+`cluster` runs a test twice: against the fake API edge (`agentrl.testing.fake_k8s` + a fake kubelet that runs every
+sandbox pod as a real local agent process on its own loopback IP, so the data plane is real) in the default tier,
+and against a real cluster (pytest mark `k8s`) when KUBECONFIG is set. The real variant needs pod IPs reachable
+from the test process (run it in the cluster, or route the pod CIDR to the node, as k8s/e2e.sh does for kind), the
+manifests of k8s/base applied, and an image with python3 (AGENTRL_K8S_IMAGE, default agentrl/python:latest loaded
+into the cluster). Without KUBECONFIG it skips with the reason, or fails when AGENTRL_REQUIRE_K8S=1.
+
+`fake_cluster` is the fake alone, for tests that script failures the real server cannot be made to produce.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrl.sandbox import SandboxSpec
+from agentrl.sandbox.k8s_api import KubeApi, load_client_configuration
+from agentrl.sandbox.kubernetes import KubernetesBackend
+from agentrl.testing.fake_k8s import FakeKubernetes
+from agentrl.testing.fake_kubelet import FakeKubelet
+
+NAMESPACE = os.environ.get("AGENTRL_K8S_NAMESPACE", "agentrl")
+IMAGE = os.environ.get("AGENTRL_K8S_IMAGE", "agentrl/python:latest")
+
+
+class Cluster:
+    """One API server (fake or real) plus helpers that act like kubectl. `backend()` makes a worker whose pool
+    is private to this test; `kube` is an independent client (not the backend's)."""
+
+    def __init__(self, kind: str, kube: KubeApi, host: str | None, fake: FakeKubernetes | None = None,
+                 kubelet: FakeKubelet | None = None) -> None:
+        self.kind = kind
+        self.kube = kube
+        self.host = host
+        self.fake = fake
+        self.kubelet = kubelet
+        self.pool = f"t{uuid.uuid4().hex[:8]}"
+        self.spec = SandboxSpec(image=IMAGE, cpus=0.1, memory="128m", disk="64m", default_timeout_s=20)
+        self.backends: list[KubernetesBackend] = []
+
+    def backend(self, **fields: Any) -> KubernetesBackend:
+        fields.setdefault("namespace", NAMESPACE)
+        fields.setdefault("pool", self.pool)
+        fields.setdefault("image_pull_policy", "IfNotPresent")
+        b = KubernetesBackend(api_host=self.host, **fields)
+        self.backends.append(b)
+        return b
+
+    def path(self, name: str = "") -> str:
+        return f"/api/v1/namespaces/{NAMESPACE}/pods" + (f"/{name}" if name else "")
+
+    async def pods(self, selector: str | None = None) -> list[dict[str, Any]]:
+        sel = f"agentrl.io/pool={self.pool}" + (f",{selector}" if selector else "")
+        return (await self.kube.request("GET", self.path(), query={"labelSelector": sel}))["items"]
+
+    async def delete_pod(self, name: str) -> None:
+        await self.kube.request("DELETE", self.path(name), body={"gracePeriodSeconds": 0})
+
+    async def cleanup(self) -> None:
+        for b in self.backends:
+            await b.close()
+        for pod in await self.pods():
+            try:
+                await self.delete_pod(pod["metadata"]["name"])
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+def _real_problem() -> str | None:
+    if not os.environ.get("KUBECONFIG"):
+        return "no Kubernetes cluster: set KUBECONFIG (e.g. k8s/e2e.sh creates a kind cluster)"
+    try:
+        import kubernetes  # noqa: F401
+    except ImportError:
+        return "the kubernetes client is not installed: pip install 'agentrl[k8s]'"
+    return None
+
+
+@pytest.fixture
+async def fake_cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    async with FakeKubernetes() as fake:
+        kubelet = FakeKubelet(fake, tmp_path, probe_period_s=0.05)
+        kube = KubeApi(load_client_configuration(None, None, fake.url), threads=4)
+        cluster = Cluster("fake", kube, fake.url, fake, kubelet)
+        try:
+            yield cluster
+        finally:
+            await cluster.cleanup()
+            await kubelet.close()
+            await kube.close()
+
+
+@pytest.fixture
+async def real_cluster() -> AsyncIterator[Cluster]:
+    problem = _real_problem()
+    if problem is not None:
+        if os.environ.get("AGENTRL_REQUIRE_K8S") == "1":
+            pytest.fail(f"AGENTRL_REQUIRE_K8S=1 but the k8s tier cannot run: {problem}", pytrace=False)
+        pytest.skip(problem)
+    kube = KubeApi(load_client_configuration(None, None), threads=4)
+    cluster = Cluster("real", kube, None)
+    try:
+        yield cluster
+    finally:
+        await cluster.cleanup()
+        await kube.close()
+
+
+@pytest.fixture(params=["fake", pytest.param("real", marks=pytest.mark.k8s)])
+def cluster(request: pytest.FixtureRequest) -> Cluster:
+    return request.getfixturevalue(f"{request.param}_cluster")
