@@ -104,8 +104,13 @@ class PodPool:
         if pod is None:
             self.counters["cold_starts"] += 1
             pod = await self._create(self._manifest(spec, body, shash, labels, claimed=True))
-            self._live.add(pod["metadata"]["name"])
-            pod = await self._wait_running(pod["metadata"]["name"], t0 + self.cfg.start_timeout_s)
+            name = pod["metadata"]["name"]
+            self._live.add(name)
+            try:
+                pod = await self._wait_running(name, t0 + self.cfg.start_timeout_s)
+            except BaseException:
+                await asyncio.shield(self._release_quietly(name))
+                raise
         else:
             self.counters["warm_hits"] += 1
         name = pod["metadata"]["name"]
@@ -306,6 +311,12 @@ class PodPool:
         await self._delete(name)
         self._live.discard(name)
         self.counters["deleted"] += 1
+
+    async def _release_quietly(self, name: str) -> None:
+        try:
+            await self.release(name)
+        except ApiError as e:
+            log.warning("could not delete pod %s that failed to start: %s (agentrl sandbox gc removes it)", name, e)
 
     def death(self, name: str) -> str | None:
         pod = self.informer.objects.get(name)

@@ -190,6 +190,7 @@ class FakeKubernetes:
         self._store: dict[tuple[str, str, str], Obj] = {}
         self._rv = 0
         self._history: deque[tuple[int, str, str, Obj | None, Obj | None]] = deque(maxlen=history)
+        self._compacted = 0  # watches from before this resourceVersion get 410 Expired
         self._watchers: set[asyncio.Queue[Any]] = set()
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -226,6 +227,17 @@ class FakeKubernetes:
         """The next `times` requests `verb resource` (e.g. "create", "pods") fail with HTTP `code`; with `after`,
         each is carried out first (its answer is what gets lost)."""
         self.faults.append(Fault(verb, resource, code, times, retry_after, after))
+
+    def compact(self) -> None:
+        """Forget the event history (like etcd compaction): a watch resuming from an older version gets 410."""
+        self._history.clear()
+        self._compacted = self._rv
+
+    def _oldest(self) -> int:
+        """Watches may resume from this resourceVersion or later."""
+        if self._history and len(self._history) == self._history.maxlen:
+            return self._history[0][0] - 1
+        return self._compacted
 
     def drop_watches(self) -> None:
         """End every open watch stream (as an API server restart or a load balancer would)."""
@@ -454,9 +466,9 @@ class FakeKubernetes:
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         await resp.prepare(request)
         try:
-            if since and self._history and since < self._history[0][0] - 1:
+            if since and since < self._oldest():
                 err = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410, "reason": "Expired",
-                       "message": f"too old resource version: {since} ({self._history[0][0] - 1})"}
+                       "message": f"too old resource version: {since} ({self._oldest()})"}
                 await resp.write(json.dumps({"type": "ERROR", "object": err}).encode() + b"\n")
                 return resp
             backlog = [h for h in self._history if h[0] > since] if since else \

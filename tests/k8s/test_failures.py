@@ -1,0 +1,204 @@
+"""Failures the kubernetes backend must survive, scripted on the fake API edge: throttling and server errors on
+create (back-off, Retry-After, no duplicate pod when an answer is lost), killed workers (sweep by owner pod, by
+owner process, garbage collection by owner reference), TTLs (activeDeadlineSeconds, warm-pool recycling), broken
+and expired watches, and a pod deleted in the middle of a trajectory (infra_error, then a retry that succeeds)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from agentrl.errors import SandboxDiedError, SandboxStartError
+from agentrl.sandbox import Sandbox
+from agentrl.sandbox.k8s_pods import Owner, is_ready
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def test_create_backs_off_on_429_honouring_retry_after(fake_cluster: Any) -> None:
+    fake = fake_cluster.fake
+    backend = fake_cluster.backend()
+    await backend.sweep()  # start-up done: only the create is measured
+    fake.inject("create", "pods", 429, times=3, retry_after=0.2)
+    t0 = time.monotonic()
+    handle = await backend.create(fake_cluster.spec, {})
+    assert time.monotonic() - t0 >= 0.6, "three Retry-After: 0.2 answers were not waited out"
+    assert backend.plane.counters["api_retries"] == 3
+    assert fake.calls["create pods"] == 4 and len(await fake_cluster.pods()) == 1
+    await backend.destroy(handle)
+
+
+async def test_create_gives_up_after_api_attempts_without_leaking(fake_cluster: Any) -> None:
+    fake = fake_cluster.fake
+    backend = fake_cluster.backend(api_attempts=3, backoff_base_s=0.01)
+    await backend.sweep()
+    fake.inject("create", "pods", 503, times=10)
+    with pytest.raises(SandboxStartError, match="503"):
+        await backend.create(fake_cluster.spec, {})
+    assert fake.calls["create pods"] == 3
+    assert await fake_cluster.pods() == []
+
+
+async def test_lost_create_answer_does_not_duplicate_the_pod(fake_cluster: Any) -> None:
+    fake = fake_cluster.fake
+    backend = fake_cluster.backend(backoff_base_s=0.01)
+    await backend.sweep()
+    fake.inject("create", "pods", 500, after=True)  # the pod is created, the answer is lost
+    handle = await backend.create(fake_cluster.spec, {})
+    assert fake.calls["create pods"] == 2 and [p["metadata"]["name"] for p in await fake_cluster.pods()] == [handle.id]
+    sb = Sandbox(handle, fake_cluster.spec)
+    assert (await sb.exec("echo ok")).stdout == "ok\n"
+    await sb.close()
+    await backend.destroy(handle)
+
+
+async def test_refill_under_throttling_still_fills_the_pool(fake_cluster: Any) -> None:
+    fake_cluster.fake.inject("create", "pods", 429, times=6, retry_after=0.05)
+    backend = fake_cluster.backend(warm=4, max_pending=2)
+    await backend.warm_up(fake_cluster.spec)
+    async with asyncio.timeout(60):
+        while sum(1 for p in await fake_cluster.pods("agentrl.io/state=warm") if is_ready(p)) < 4:
+            await asyncio.sleep(0.05)
+    assert backend.plane.counters["api_retries"] == 6
+    assert len(await fake_cluster.pods()) == 4, "no more than `warm` pods were created"
+
+
+async def _worker_pod(cluster: Any, name: str) -> Owner:
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "rollout"}},
+            "spec": {"containers": [{"name": "main", "image": "agentrl:latest", "command": ["agentrl"]}]}}
+    pod = await cluster.kube.request("POST", cluster.path(), body=body)
+    return Owner(session=f"s-{name}", host=name, pid=1, pid_start="1", pod_name=name, pod_namespace="agentrl",
+                 pod_uid=pod["metadata"]["uid"])
+
+
+async def test_sandboxes_of_a_killed_worker_are_swept(fake_cluster: Any) -> None:
+    fake = fake_cluster.fake
+    alive = fake_cluster.backend(owner=await _worker_pod(fake_cluster, "rollout-0"))
+    doomed = fake_cluster.backend(owner=await _worker_pod(fake_cluster, "rollout-1"))
+    kept = await alive.create(fake_cluster.spec, {})
+    lost = [await doomed.create(fake_cluster.spec, {}) for _ in range(3)]
+    pods = {p["metadata"]["name"]: p for p in await fake_cluster.pods()}
+    assert pods[lost[0].id]["metadata"]["ownerReferences"][0]["uid"] == doomed.owner.pod_uid
+    # the worker dies without cleaning up, and the garbage collector has not acted (or could not)
+    fake_cluster.backends.remove(doomed)
+    await doomed.plane.informer.stop()
+    await doomed.api.close()
+    fake.gc = False
+    await fake_cluster.delete_pod("rollout-1")
+    sweeper = fake_cluster.backend()
+    assert await sweeper.sweep() == 3
+    left = {p["metadata"]["name"] for p in await fake_cluster.pods() if not p["metadata"].get("deletionTimestamp")}
+    assert left == {kept.id}
+    # with the garbage collector on, deleting a worker's pod deletes its sandboxes by owner reference
+    fake.gc = True
+    other = fake_cluster.backend(owner=await _worker_pod(fake_cluster, "rollout-2"))
+    orphan = await other.create(fake_cluster.spec, {})
+    await fake_cluster.delete_pod("rollout-2")
+    async with asyncio.timeout(10):
+        while orphan.id in {p["metadata"]["name"] for p in await fake_cluster.pods()}:
+            await asyncio.sleep(0.05)
+    await alive.destroy(kept)
+
+
+async def test_sandboxes_of_a_dead_local_process_are_swept(fake_cluster: Any) -> None:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    dead = Owner(session="s-dead", host=socket.gethostname(), pid=proc.pid, pid_start="0")
+    worker = fake_cluster.backend(owner=dead)
+    await worker.create(fake_cluster.spec, {"agentrl/run-id": "old"})
+    sweeper = fake_cluster.backend()
+    assert await sweeper.sweep() == 1
+    worker.plane._live.clear()  # already swept: nothing left for close()
+
+
+async def test_ttl_kills_the_pod_and_the_sweep_removes_it(fake_cluster: Any) -> None:
+    backend = fake_cluster.backend()
+    spec = fake_cluster.spec.model_copy(update={"ttl_s": 60})
+    handle = await backend.create(spec, {})
+    sb = Sandbox(handle, spec)
+    assert (await sb.exec("echo fresh")).exit_code == 0
+    fake_cluster.kubelet.age("agentrl", handle.id, 120)  # now past activeDeadlineSeconds
+    async with asyncio.timeout(10):
+        while await backend.alive(handle):
+            await asyncio.sleep(0.05)
+    with pytest.raises(SandboxDiedError):
+        await sb.exec("echo late")
+    await sb.close()
+    pod = (await fake_cluster.pods())[0]
+    assert pod["status"]["phase"] == "Failed" and pod["status"]["reason"] == "DeadlineExceeded"
+    assert await fake_cluster.backend().sweep() == 1
+
+
+async def test_idle_warm_pods_are_recycled_and_never_claimed(fake_cluster: Any) -> None:
+    backend = fake_cluster.backend(warm=2, warm_max_idle_s=60)
+    await backend.warm_up(fake_cluster.spec)
+    async with asyncio.timeout(30):
+        while sum(1 for p in await fake_cluster.pods("agentrl.io/state=warm") if is_ready(p)) < 2:
+            await asyncio.sleep(0.05)
+    old = {p["metadata"]["name"] for p in await fake_cluster.pods()}
+    for name in old:
+        fake_cluster.kubelet.age("agentrl", name, 3600)
+    async with asyncio.timeout(30):
+        while backend.plane.counters["recycled"] < 2:
+            await asyncio.sleep(0.05)
+    handle = await backend.create(fake_cluster.spec, {})
+    assert handle.id not in old
+    await backend.destroy(handle)
+
+
+async def test_watch_survives_drops_and_expiry(fake_cluster: Any) -> None:
+    fake = fake_cluster.fake
+    backend = fake_cluster.backend()
+    first = await backend.create(fake_cluster.spec, {})
+    fake.drop_watches()  # reconnect from the last resourceVersion
+    second = await backend.create(fake_cluster.spec, {})
+    fake.compact()
+    fake.drop_watches()  # now the resourceVersion is too old: 410, relist
+    third = await backend.create(fake_cluster.spec, {})
+    assert backend.api.calls["list pods"] >= 2 and backend.api.calls["get pods"] == 0
+    for h in (first, second, third):
+        assert await backend.alive(h)
+        await backend.destroy(h)
+
+
+async def test_claimed_pod_deleted_mid_trajectory_is_infra_error_then_retried(fake_cluster: Any,
+                                                                            smollm2_tokenizer: Any) -> None:
+    from agentrl.envs import get_env
+    from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
+    from agentrl.sandbox import SandboxPool
+    from agentrl.testing.scripted import ScriptedEngine
+    from agentrl.tools.render import ChatRenderer
+    from agentrl.types import SamplingParams, Status
+
+    env = get_env("code_tests", source="easy")
+    task = next(iter(env.tasks()))
+    reply = f"Here is my solution.\n```python\n{env.reference_solution(task)}\n```"
+    inner = ScriptedEngine(smollm2_tokenizer, [reply, "Done."])
+    killed: list[str] = []
+
+    class KillOnFirstTurn:
+        def __getattr__(self, item: str) -> Any:
+            return getattr(inner, item)
+
+        async def generate(self, input_ids: list[int], sampling: SamplingParams, *, session_id: str) -> Any:
+            if not killed:  # the sandbox of the first attempt dies while the model "thinks"
+                pod = (await fake_cluster.pods("agentrl.io/state=claimed"))[0]["metadata"]["name"]
+                killed.append(pod)
+                await fake_cluster.delete_pod(pod)
+            return await inner.generate(input_ids, sampling, session_id=session_id)
+
+    backend = fake_cluster.backend(warm=1)
+    rollout = Rollout(env=env, engine=KillOnFirstTurn(), renderer=ChatRenderer(smollm2_tokenizer),
+                      sampling=SamplingParams(temperature=1.0, max_new_tokens=256,
+                                              stop_token_ids=[smollm2_tokenizer.eos_token_id]),
+                      budgets=Budgets(max_turns=3, max_completion_tokens=2048, context_window=4096))
+    async with SandboxPool(backend, env.sandbox_spec, max_sandboxes=2, run_id="retry-run") as pool:
+        sched = Scheduler(rollout, pool, SchedulerConfig(group_size=1, infra_retries=1))
+        traj = await sched.run_one(task, group_id="g", sample_index=0)
+    assert killed and traj.attempt == 1, "the first attempt must have failed as infra and been retried"
+    assert traj.status is Status.ok and traj.reward == 1.0, traj.error
