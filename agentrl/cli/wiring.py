@@ -135,9 +135,9 @@ async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: An
                   f"sandbox {backend}, out {cfg.out}")
     async with pool:
         with ProgressDisplay(sched.progress, console) as display:
-            sched._on_trajectory = lambda _t: display.tick()
             async for group in sched.run(todo):
                 store.append_group(group)
+                display.tick()
 
 
 # -- envs check -------------------------------------------------------------------------------------------------

@@ -157,8 +157,9 @@ async def test_watch_survives_drops_and_expiry(fake_cluster: Any) -> None:
     first = await backend.create(fake_cluster.spec, {})
     fake.drop_watches()  # reconnect from the last resourceVersion
     second = await backend.create(fake_cluster.spec, {})
-    fake.compact()
-    fake.drop_watches()  # now the resourceVersion is too old: 410, relist
+    fake.create_object("configmaps", "agentrl", {"metadata": {"name": "unrelated"}, "data": {}})
+    fake.compact()  # history up to the configmap's write is gone
+    fake.drop_watches()  # the informer's resourceVersion is now too old: 410, relist
     third = await backend.create(fake_cluster.spec, {})
     assert backend.api.calls["list pods"] >= 2 and backend.api.calls["get pods"] == 0
     for h in (first, second, third):
