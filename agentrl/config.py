@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentrl.errors import ConfigError
 from agentrl.sandbox.base import SandboxSpec
+from agentrl.sandbox.kubernetes import KubernetesSandboxConfig  # the model only: no kubernetes client import
 from agentrl.types import SamplingParams
 
 
@@ -35,7 +36,36 @@ class LocalEngineConfig(_Config):
     dtype: Literal["float32", "bfloat16"] = "float32"
 
 
-EngineConfig = Annotated[LocalEngineConfig, Field(discriminator="type")]
+class SGLangEngineConfig(_Config):
+    """SGLang server(s) over HTTP (`agentrl.engine.sglang`). Either `urls` (workers; agentrl routes each trajectory
+    to one of them, sticky) or `router_url` (sglang-router --policy manual routes by X-SMG-Routing-Key; `urls`, if
+    also set, are then the workers that control calls go to, else they are read from the router's GET /workers)."""
+
+    type: Literal["sglang"] = "sglang"
+    urls: list[str] = Field(default_factory=list)
+    router_url: str | None = None
+    model: str | None = None  # local copy of the served checkpoint (tokenizer); None: /model_info's tokenizer_path
+    context_window: int | None = Field(default=None, ge=64)  # None: the servers' context_length / the model config
+    max_connections: int = Field(default=256, ge=1)  # client connection pool (total and per worker)
+    request_timeout_s: float = Field(default=600.0, gt=0)  # one /generate, whole answer
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    control_timeout_s: float = Field(default=600.0, gt=0)  # weight updates, pause/continue, model_info
+    retries: int = Field(default=3, ge=0)  # re-submissions after a transient failure or an aborted generation
+    retry_backoff_s: float = Field(default=0.5, ge=0)
+    weight_update: Literal["pause", "abort_all"] = "pause"
+    max_sessions: int = Field(default=100_000, ge=1)  # sticky session pins kept (LRU)
+
+    @model_validator(mode="after")
+    def _targets(self) -> "SGLangEngineConfig":
+        if not self.urls and not self.router_url:
+            raise ValueError("set urls (worker URLs, --engine-url) or router_url (--router-url)")
+        for url in [*self.urls, *([self.router_url] if self.router_url else [])]:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http(s) URL, e.g. http://127.0.0.1:30000")
+        return self
+
+
+EngineConfig = Annotated[LocalEngineConfig | SGLangEngineConfig, Field(discriminator="type")]
 
 
 class LocalSandboxConfig(_Config):
@@ -48,7 +78,8 @@ class DockerSandboxConfig(_Config):
     docker_host: str | None = None  # default: the environment's DOCKER_HOST / the local socket
 
 
-SandboxBackendConfig = Annotated[LocalSandboxConfig | DockerSandboxConfig, Field(discriminator="type")]
+SandboxBackendConfig = Annotated[LocalSandboxConfig | DockerSandboxConfig | KubernetesSandboxConfig,
+                                 Field(discriminator="type")]
 
 
 class SandboxConfig(_Config):

@@ -5,6 +5,7 @@
     agentrl envs list
     agentrl envs check NAME [--solutions FILE.jsonl] [--sandbox BACKEND] [--json FILE]
     agentrl sandbox gc [--backend local|docker] [--all]
+    agentrl engine serve --model PATH --port N [--host 127.0.0.1]   (stand-in SGLang server over the local engine)
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ def _add_rollout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="trajectory JSONL file to write (default trajectories.jsonl)")
     p.add_argument("--resume", action="store_true", default=None, help="continue --out, skipping finished tasks")
     p.add_argument("--model", help="HF checkpoint dir (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--engine", choices=["local"], help="generation engine (default local)")
-    p.add_argument("--sandbox", choices=["local", "docker"], help="sandbox backend (default local)")
+    p.add_argument("--engine", choices=["local", "sglang"], help="generation engine (default local)")
+    p.add_argument("--engine-url", action="append", dest="engine_urls", metavar="URL",
+                   help="SGLang worker URL (repeatable; implies --engine sglang)")
+    p.add_argument("--router-url", metavar="URL", help="sglang-router URL (--policy manual; implies --engine sglang)")
+    p.add_argument("--sandbox", choices=["local", "docker", "kubernetes"], help="sandbox backend (default local)")
     p.add_argument("--unsafe-no-isolation", action="store_true", default=None,
                    help="local sandboxes without bubblewrap (no isolation at all)")
     p.add_argument("--seed", type=int, help="seed for sampling (default 0)")
@@ -56,7 +60,10 @@ def _overrides(a: argparse.Namespace) -> dict[str, Any]:
         ("sampling", "temperature"): a.temperature, ("sampling", "max_new_tokens"): a.max_new_tokens,
         ("sandbox", "backend", "type"): a.sandbox,
         ("sandbox", "backend", "unsafe_no_isolation"): a.unsafe_no_isolation,
+        ("engine", "urls"): a.engine_urls, ("engine", "router_url"): a.router_url,
     }
+    if (a.engine_urls or a.router_url) and a.engine is None:
+        nested[("engine", "type")] = "sglang"
     for path, value in nested.items():
         if value is not None:
             cur = o
@@ -110,6 +117,30 @@ def _cmd_sandbox_gc(a: argparse.Namespace) -> int:
     return _run_cancellable(sandbox_gc(a.backend, all_runs=a.all))
 
 
+def _cmd_engine_serve(a: argparse.Namespace) -> int:
+    from agentrl.engine.standin import serve
+
+    return _run_cancellable(serve(a.model, host=a.host, port=a.port, worker_id=a.worker_id,
+                                  max_batch_size=a.max_batch_size, context_window=a.context_window, seed=a.seed,
+                                  weight_version=a.weight_version, echo=a.echo))
+
+
+def _add_engine_commands(sub: Any) -> None:
+    eng = sub.add_parser("engine", help="generation servers").add_subparsers(dest="engine_cmd", required=True)
+    s = eng.add_parser("serve", help="stand-in SGLang server (native API subset) over the local engine, for CPU "
+                                     "tests and laptops")
+    s.add_argument("--model", help="HF checkpoint dir (default: the embedded SmolLM2-135M-Instruct)")
+    s.add_argument("--port", type=int, default=30000)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--worker-id", help="name in the request log (default host:port)")
+    s.add_argument("--max-batch-size", type=int, default=16)
+    s.add_argument("--context-window", type=int, help="default: the model's, capped at 8192")
+    s.add_argument("--seed", type=int, help="engine seed for sampling")
+    s.add_argument("--weight-version", default="default", help="initial weight_version label")
+    s.add_argument("--echo", action="store_true", help="benchmarks only: answer one token without a model")
+    s.set_defaults(func=_cmd_engine_serve)
+
+
 def _run_cancellable(coro: Any) -> int:
     """Run `coro`; SIGINT/SIGTERM cancel it so every `finally` (sandbox teardown, store close) runs."""
 
@@ -139,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = envs.add_parser("check", help="run reference (or given) solutions through the real sandbox path")
     c.add_argument("name")
     c.add_argument("--solutions", type=Path, help='JSONL of {"task_id": ..., "solution": "<python>"}')
-    c.add_argument("--sandbox", default="local", choices=["local", "docker"])
+    c.add_argument("--sandbox", default="local", choices=["local", "docker", "kubernetes"])
     c.add_argument("--unsafe-no-isolation", action="store_true")
     c.add_argument("--json", type=Path, help="write per-task results as JSON here")
     c.add_argument("--tasks", type=int, help="check only the first N tasks")
@@ -148,10 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_cmd_envs_check)
     sb = sub.add_parser("sandbox", help="sandbox maintenance").add_subparsers(dest="sb_cmd", required=True)
     gc = sb.add_parser("gc", help="remove sandboxes left by dead runs or past their TTL")
-    gc.add_argument("--backend", default="local", choices=["local", "docker"])
+    gc.add_argument("--backend", default="local", choices=["local", "docker", "kubernetes"])
     gc.add_argument("--all", action="store_true", help="remove every agentrl sandbox, live runs included")
     gc.set_defaults(func=_cmd_sandbox_gc)
     add_replay_commands(sub)
+    _add_engine_commands(sub)
     return parser
 
 

@@ -55,6 +55,16 @@ def _train_overrides(a: argparse.Namespace) -> dict[str, Any]:
     return o
 
 
+def _quiet_libraries() -> None:
+    """No per-file progress bars and no deprecation chatter from transformers in the per-step table."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -63,6 +73,7 @@ def _cmd_train(a: argparse.Namespace) -> int:
     from agentrl.trainer.config import TrainConfig
 
     cfg = load_config(TrainConfig, a.config, _train_overrides(a))
+    _quiet_libraries()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM tears down like Ctrl-C
     try:
         result = run_train(cfg, resume=a.resume)
@@ -144,6 +155,7 @@ def _eval_config(a: argparse.Namespace) -> Any:
 
 def _cmd_eval(a: argparse.Namespace) -> int:
     cfg = _eval_config(a)
+    _quiet_libraries()
     candidate = _resolve(a.checkpoint)
     baseline = _resolve(a.baseline) if a.baseline else None
     out = a.out or _default_eval_out(Path(a.checkpoint))

@@ -55,6 +55,8 @@ def pool_from_config(cfg: RolloutConfig, spec: SandboxSpec, run_id: str) -> Any:
     opts: dict[str, Any] = {}
     if b.type == "docker" and b.docker_host:
         opts["docker_host"] = b.docker_host
+    if b.type == "kubernetes":
+        opts["config"] = b
     return make_pool(b.type, spec, warm=s.warm, max_sandboxes=s.max_sandboxes, run_id=run_id,
                      unsafe_no_isolation=getattr(b, "unsafe_no_isolation", False), backend_options=opts,
                      max_starting=s.max_starting, create_rate=s.create_rate, cold_start_grace_s=s.cold_start_grace_s)
@@ -64,6 +66,9 @@ def make_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path]:
     import torch
     from transformers import AutoTokenizer
 
+    if cfg.engine.type == "sglang":
+        return make_sglang_engine_and_tokenizer(cfg)
+
     from agentrl.engine.local import LocalEngine
     from agentrl.engine.models import resolve_model
 
@@ -71,6 +76,34 @@ def make_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path]:
     tokenizer = AutoTokenizer.from_pretrained(path)  # always from the checkpoint being run
     dtype = torch.float32 if cfg.engine.dtype == "float32" else torch.bfloat16
     engine = LocalEngine(path, max_batch_size=cfg.engine.max_batch_size, dtype=dtype, seed=cfg.seed)
+    return engine, tokenizer, path
+
+
+def make_sglang_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path]:
+    """SGLang engine; the tokenizer comes from engine.model (a local copy of the served checkpoint) or, if unset,
+    from the tokenizer_path the server reports (/model_info), which must then be readable here too. Start-up only:
+    the one metadata request is blocking (like loading a local model)."""
+    from transformers import AutoTokenizer
+
+    from agentrl.engine.models import resolve_model
+    from agentrl.engine.sglang import SGLangEngine, checkpoint_facts, read_tokenizer_path
+
+    e = cfg.engine
+    if e.model is not None:
+        path = resolve_model(e.model)
+    else:
+        served = read_tokenizer_path(e.router_url or e.urls[0], via_router=e.router_url is not None)
+        if not Path(served).is_dir():
+            raise ConfigError(f"the SGLang server's tokenizer_path {served!r} is not a directory on this machine: "
+                              "pass --model with a local copy of the served checkpoint (engine.model)")
+        path = Path(served)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    eos, window = checkpoint_facts(path)
+    engine = SGLangEngine(
+        urls=e.urls, router_url=e.router_url, eos_token_ids=eos, context_window=e.context_window or window,
+        model_path=str(path), max_connections=e.max_connections, request_timeout_s=e.request_timeout_s,
+        connect_timeout_s=e.connect_timeout_s, control_timeout_s=e.control_timeout_s, retries=e.retries,
+        retry_backoff_s=e.retry_backoff_s, weight_update=e.weight_update, max_sessions=e.max_sessions)
     return engine, tokenizer, path
 
 
@@ -102,6 +135,8 @@ async def run_rollout(cfg: RolloutConfig) -> int:
         t0 = time.perf_counter()
         engine, tokenizer, model_path = make_engine_and_tokenizer(cfg)
         try:
+            if hasattr(engine, "connect"):  # a server engine: fail fast with a clear message if it is unreachable
+                await engine.connect()
             summary = await _run_groups(cfg, env, todo, engine, tokenizer, model_path, store, console)
         finally:
             await engine.close()

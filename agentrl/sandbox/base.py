@@ -73,7 +73,7 @@ class AgentEndpoint:
 
     kind: Literal["unix", "tcp"]
     address: str  # socket path, or "host:port"
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)  # a bearer token is never shown in reprs or logs
 
 
 @dataclass

@@ -357,7 +357,7 @@ class PodPool:
                 "labelSelector": f"{L_CREATOR}={self.owner.session},{L_STATE}={WARM}"})
             doomed += [(p["metadata"]["name"], p["metadata"]["resourceVersion"]) for p in mine.get("items") or []]
         results = await asyncio.gather(*(self._delete(n, rv) for n, rv in doomed), return_exceptions=True)
-        for (name, _), result in zip(doomed, results):
+        for (name, _), result in zip(doomed, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("could not delete pod %s on close: %s (agentrl sandbox gc removes it)", name, result)
         self._live.clear()

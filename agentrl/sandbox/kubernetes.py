@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentrl.errors import ConfigError, SandboxDiedError, SandboxStartError
+from agentrl.errors import ConfigError, SandboxDiedError, SandboxError, SandboxStartError
 from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
 from agentrl.sandbox.client import AgentClient
 from agentrl.sandbox.k8s_api import ApiError, KubeApi, load_client_configuration, retrying
@@ -116,6 +116,8 @@ class KubernetesBackend:
         self.api: KubeApi | None = None
         self.plane: Any = None
         self._key = b""
+        self._agent_source = ""
+        self._bootstrapped = False
         self._start_lock = asyncio.Lock()
         self._closed = False
 
@@ -125,37 +127,45 @@ class KubernetesBackend:
 
     # ------------------------------------------------------------------ start-up
 
-    async def _started(self) -> Any:
+    async def _started(self, *, bootstrap: bool = True) -> Any:
+        """The control plane: connected (API client, plane object) and, with `bootstrap`, ready to create sandboxes
+        (agent ConfigMap and key Secret ensured, watch running). `sweep()` needs only the connection."""
         async with self._start_lock:
             if self._closed:
                 raise SandboxStartError("the kubernetes backend is closed")
             if self.plane is None:
-                await self._start()
+                await self._connect()
+            if bootstrap and not self._bootstrapped:
+                await self._bootstrap()
         return self.plane
 
-    async def _start(self) -> None:
+    async def _connect(self) -> None:
         c = self.config
         configuration = await asyncio.to_thread(load_client_configuration, c.kubeconfig, c.context, self._api_host)
         self.api = KubeApi(configuration, threads=c.threads, qps=c.qps, burst=c.burst, timeout_s=c.api_timeout_s)
-        source = await asyncio.to_thread(self._agent_file.read_text)
-        cm_name = agent_configmap_name(source)
-        await self._ensure("configmaps", cm_name, agent_configmap(cm_name, source, c.namespace))
-        secret = await self._ensure("secrets", c.key_secret, key_secret(c.key_secret, secrets.token_hex(32),
-                                                                         c.namespace))
-        self._key = base64.b64decode(secret["data"]["key"]).strip()
-        opts = PodOptions(namespace=c.namespace, pool=c.pool, agent_port=c.agent_port, agent_configmap=cm_name,
-                          key_secret=c.key_secret, runtime_class=c.runtime_class,
-                          image_pull_policy=c.image_pull_policy, template=c.pod_template)
+        self._agent_source = await asyncio.to_thread(self._agent_file.read_text)
+        opts = PodOptions(namespace=c.namespace, pool=c.pool, agent_port=c.agent_port,
+                          agent_configmap=agent_configmap_name(self._agent_source), key_secret=c.key_secret,
+                          runtime_class=c.runtime_class, image_pull_policy=c.image_pull_policy,
+                          template=c.pod_template)
         if c.control_plane == "pods":
             from agentrl.sandbox.k8s_pool import PodPool
 
-            plane: Any = PodPool(self.api, c, opts, self.owner)
+            self.plane = PodPool(self.api, c, opts, self.owner)
         else:
             from agentrl.sandbox.k8s_claims import ClaimPlane
 
-            plane = ClaimPlane(self.api, c, opts, self.owner)
-        await plane.start()
-        self.plane = plane
+            self.plane = ClaimPlane(self.api, c, opts, self.owner)
+
+    async def _bootstrap(self) -> None:
+        c = self.config
+        cm_name = self.plane.opts.agent_configmap
+        await self._ensure("configmaps", cm_name, agent_configmap(cm_name, self._agent_source, c.namespace))
+        secret = await self._ensure("secrets", c.key_secret, key_secret(c.key_secret, secrets.token_hex(32),
+                                                                         c.namespace))
+        self._key = base64.b64decode(secret["data"]["key"]).strip()
+        await self.plane.start()
+        self._bootstrapped = True
 
     async def _call(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
         c = self.config
@@ -177,14 +187,14 @@ class KubernetesBackend:
                 return await self._call("GET", f"{path}/{name}", f"get {plural}/{name}")
             raise self._api_problem(e, f"creating {plural}/{name}") from e
 
-    def _api_problem(self, e: ApiError, doing: str) -> Exception:
+    def _api_problem(self, e: ApiError, doing: str, error: type[Exception] = SandboxStartError) -> Exception:
         if e.status in (401, 403):
             return ConfigError(f"kubernetes backend: {doing} in namespace {self.config.namespace!r} was refused "
                                f"({e}); apply k8s/base (Role agentrl-rollout) and run with its service account")
         if e.status == 404 and "namespace" in e.message.lower():
             return ConfigError(f"namespace {self.config.namespace!r} does not exist: kubectl apply -k k8s/base, or "
                                "set sandbox.backend.namespace")
-        return SandboxStartError(f"kubernetes backend: {doing} failed: {e}")
+        return error(f"kubernetes backend: {doing} failed: {e}")
 
     async def warm_up(self, spec: SandboxSpec) -> None:
         """Start keeping `config.warm` pods of `spec` in the shared pool now (create() does it on first use)."""
@@ -243,7 +253,10 @@ class KubernetesBackend:
         """Delete the pod (or claim). Idempotent."""
         if self.plane is None:
             return
-        await self.plane.release(handle.id)
+        try:
+            await self.plane.release(handle.id)
+        except ApiError as e:
+            raise self._api_problem(e, f"deleting sandbox {handle.id}", SandboxError) from e
 
     async def alive(self, handle: SandboxHandle) -> bool:
         """From the watch cache: the pod runs and is not being deleted (no API call)."""
@@ -255,8 +268,11 @@ class KubernetesBackend:
         """Delete agentrl sandboxes in the namespace and return how many: with neither argument, orphans (claimed by
         an owner that is gone, dead, or past their TTL); with `run_id`, every one of that run; with `all_runs`,
         every one."""
-        plane = await self._started()
-        return await plane.sweep(run_id=run_id, all_runs=all_runs)
+        plane = await self._started(bootstrap=False)
+        try:
+            return await plane.sweep(run_id=run_id, all_runs=all_runs)
+        except ApiError as e:
+            raise self._api_problem(e, "sweeping sandbox pods", SandboxError) from e
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.plane.counters) if self.plane is not None else {}
@@ -270,7 +286,7 @@ class KubernetesBackend:
             if self._closed:
                 return
             self._closed = True
-        if self.plane is not None:
+        if self.plane is not None and self._bootstrapped:
             await self.plane.close()
         if self.api is not None:
             await self.api.close()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import math
 import re
 import secrets
 import time
@@ -396,7 +397,8 @@ class FakeKubernetes:
 
     @staticmethod
     def _reject(f: Fault, verb: str, resource: str) -> Reject:
-        headers = {"Retry-After": str(f.retry_after)} if f.retry_after is not None else {}
+        # whole seconds, as the real server sends (urllib3 rejects fractional Retry-After values)
+        headers = {"Retry-After": str(math.ceil(f.retry_after))} if f.retry_after is not None else {}
         reason = {429: "TooManyRequests", 409: "Conflict", 503: "ServiceUnavailable"}.get(f.code, "InternalError")
         return Reject(f.code, reason, f"injected fault {f.code} for {verb} {resource}", headers)
 

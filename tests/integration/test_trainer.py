@@ -125,7 +125,7 @@ def two_steps(taught_model: Path, tmp_path_factory: pytest.TempPathFactory) -> t
     out = tmp_path_factory.mktemp("train") / "run"
     with pytest.MonkeyPatch.context() as mp:
         rec = Recorder(mp)
-        result = run_train(job(taught_model, out))
+        result = run_train(job(taught_model, out, eval_every=2, eval={"tasks": 2, "samples": 1}))
     assert result.steps_done == 2
     return out, rec
 
@@ -153,8 +153,20 @@ def test_every_trajectory_stored_with_step_and_weight_version(two_steps: tuple[P
         assert t.status is not Status.infra_error, t.error
         assert t.turns and all(turn.weight_version == t.step for turn in t.turns)
         assert Counter(g.group_id for g in trajs)[t.group_id] == 4
-    # the engine had exactly the trainer's weights when it generated each step
-    assert rec.synced == [(0, True), (1, True)]
+    # the engine had exactly the trainer's weights when it generated each step (and for the final evaluation)
+    assert rec.synced == [(0, True), (1, True), (2, True)]
+
+
+def test_eval_every_k_steps_writes_scores_and_diff_vs_start(two_steps: tuple[Path, Recorder]) -> None:
+    out, _ = two_steps
+    assert sorted(p.name for p in (out / "eval").iterdir()) == [
+        "step-0.json", "step-0.jsonl", "step-2.diff.json", "step-2.json", "step-2.jsonl"]
+    diff = json.loads((out / "eval" / "step-2.diff.json").read_text())
+    assert (diff["baseline"], diff["candidate"]) == ("step-0", "step-2")
+    assert {r["task_id"] for r in diff["modes"]["greedy"]["tasks"]} == {"num-000", "num-001"}
+    evals = read_trajectories(out / "eval" / "step-2.jsonl")
+    assert len(evals) == 4 and all(turn.weight_version == 2 for t in evals for turn in t.turns)
+    assert {t.meta["eval_mode"] for t in evals} == {"sampled", "greedy"}
 
 
 def test_weights_changed(two_steps: tuple[Path, Recorder]) -> None:

@@ -1,0 +1,142 @@
+"""HTTP transport of the SGLang client: one aiohttp session with explicit limits, and the error classification.
+
+Owns: the connection pool (`max_connections` total and per host, TCP_NODELAY set on every socket, keep-alive),
+split timeouts (connect vs whole request), turning every failure into one of two exceptions, and extracting
+SGLang's own error message from an error body. Does not own retries (the engine decides, it knows the routing) or
+what the endpoints mean.
+
+    EngineError (agentrl.errors)
+    ├── SGLangHTTPError        a definitive answer: 4xx other than 408/429 (bad request, unknown field, context
+    │                          overflow, 404 from a router for a control endpoint). Retrying cannot help.
+    └── EngineUnavailableError
+        └── TransientError     connection refused / reset / dropped mid-response, timeout, 408/429/5xx.
+                               The engine retries these (another worker when it routes itself), then gives up.
+
+The session binds to the event loop that first uses it; `close()` must run on that loop (or after it stopped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from agentrl.errors import EngineError, EngineUnavailableError
+
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_MAX_MESSAGE = 2000
+
+
+class SGLangHTTPError(EngineError):
+    """The server answered and refused: `status`, the URL, and SGLang's own message."""
+
+    def __init__(self, url: str, status: int, message: str) -> None:
+        self.url, self.status, self.message = url, status, message
+        super().__init__(f"SGLang {url} answered HTTP {status}: {message}")
+
+
+class TransientError(EngineUnavailableError):
+    """The request may succeed if repeated (possibly on another worker)."""
+
+    def __init__(self, url: str, reason: str, status: int | None = None) -> None:
+        self.url, self.reason, self.status = url, reason, status
+        super().__init__(f"SGLang {url}: {reason}")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_connections: int = 256
+    connect_timeout_s: float = 10.0
+    keepalive_s: float = 60.0
+
+
+def nodelay_socket(addr_info: Any) -> socket.socket:
+    """aiohttp socket factory: a plain TCP socket with TCP_NODELAY (no Nagle delay on small JSON requests)."""
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+class Transport:
+    """JSON over HTTP with one pooled aiohttp session, created lazily on the caller's loop."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=self.limits.max_connections, limit_per_host=self.limits.max_connections,
+                keepalive_timeout=self.limits.keepalive_s, socket_factory=nodelay_socket,
+            )
+            self._session = aiohttp.ClientSession(connector=connector, raise_for_status=False)
+            self._loop = asyncio.get_running_loop()
+        return self._session
+
+    async def request(self, method: str, url: str, *, body: Any = None, headers: dict[str, str] | None = None,
+                      timeout_s: float) -> Any:
+        """Send, read the whole answer, return its JSON (or text for non-JSON 200s). Raises the errors above."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.limits.connect_timeout_s)
+        data = None if body is None else json.dumps(body, separators=(",", ":"))
+        hdrs = {"Content-Type": "application/json", **(headers or {})} if data is not None else headers
+        try:
+            async with self.session().request(method, url, data=data, headers=hdrs, timeout=timeout) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except asyncio.TimeoutError:
+            raise TransientError(url, f"no complete answer within {timeout_s:g}s (request_timeout_s)") from None
+        except aiohttp.ClientConnectorError as exc:
+            raise TransientError(url, f"unreachable ({exc.os_error or exc}); is the server running?") from None
+        except aiohttp.ClientError as exc:  # reset, dropped mid-response, malformed HTTP
+            raise TransientError(url, f"connection failed: {type(exc).__name__}: {exc}") from None
+        return _decode(url, status, raw)
+
+    async def close(self) -> None:
+        session, loop = self._session, self._loop
+        self._session = None
+        if session is None or session.closed:
+            return
+        if loop is None or loop is asyncio.get_running_loop() or loop.is_closed():
+            await session.close()
+        elif loop.is_running():  # used from a background loop (the trainer's): close it there
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(session.close(), loop))
+
+
+def _decode(url: str, status: int, raw: bytes) -> Any:
+    text = raw.decode("utf-8", errors="replace")
+    if status >= 400:
+        message = error_message(text)
+        if status in RETRYABLE_STATUS:
+            raise TransientError(url, f"HTTP {status}: {message}", status=status)
+        raise SGLangHTTPError(url, status, message)
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def error_message(text: str) -> str:
+    """SGLang's message from an error body: {"error": "..."}, {"error": {"message": ...}}, {"message": ...}, text."""
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError:
+        return text.strip()[:_MAX_MESSAGE] or "(empty body)"
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])[:_MAX_MESSAGE]
+        if isinstance(err, str):
+            return err[:_MAX_MESSAGE]
+        for key in ("message", "detail"):
+            if body.get(key):
+                return str(body[key])[:_MAX_MESSAGE]
+    return text.strip()[:_MAX_MESSAGE]

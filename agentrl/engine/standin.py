@@ -1,0 +1,405 @@
+"""Stand-in SGLang server: the subset of SGLang 0.5.23's native HTTP API that agentrl uses, over the LocalEngine.
+
+Owns: an aiohttp.web app that answers like an SGLang worker (same paths, bodies, status codes and error texts), so
+the `sglang` engine, sglang-router and the weight-sync path are exercised on a CPU. Every `/generate` body is
+judged by SGLang's own generated contract (`sglang_contract.py`): a wrong field is the same HTTP 400 with the same
+text as on the real server. Does not own generation (LocalEngine) or the contract itself.
+
+    POST /generate                 input_ids only (token in), one sequence, non-streamed; return_logprob
+    POST /update_weights_from_disk model_path, weight_version, abort_all_requests (LocalEngine drains the rest)
+    POST /pause_generation         mode "abort" aborts in-flight requests; every mode holds new ones until continue
+    POST /continue_generation
+    POST /abort_request            rid (prefix match) or abort_all
+    GET|POST /flush_cache          400 while requests run, like SGLang
+    GET  /health, /health_generate one greedy token, 503 on failure
+    GET  /model_info, /get_model_info, /server_info, /get_server_info
+    GET  /agentrl/requests         this stand-in's request log (rid, worker, routing key, cached tokens, ...)
+
+Differences from SGLang, on purpose: the prefix cache is per routing key (X-SMG-Routing-Key, else per rid) instead
+of a global radix tree; an aborted request returns no partial tokens; pause modes "retract"/"in_place" let running
+requests finish. Sampling features the LocalEngine lacks (penalties, min_p, stop strings, grammars...) are refused
+with a 400 naming them rather than ignored. `echo=True` (benchmarks only) answers every admitted request with one
+token (the last input id) without a model, so a client's own overhead can be measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from agentrl.engine.sglang_contract import SGLANG_VERSION, GenerateValidator
+from agentrl.errors import ConfigError
+from agentrl.types import Generation, SamplingParams
+
+log = logging.getLogger("agentrl.engine.standin")
+
+ROUTING_HEADER = "X-SMG-Routing-Key"
+_TOP_K_OFF = 1 << 30
+_DEFAULTS = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+             "min_new_tokens": 0, "n": 1, "ignore_eos": False, "logit_bias": {}, "choice": []}
+_UNSUPPORTED = ("stop", "stop_regex", "json_schema", "regex", "ebnf", "structural_tag", "custom_params",
+                "beam_width", "watermark")
+_FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+            "requests, the operation will not be performed.)\n")
+
+
+@dataclass(eq=False)
+class _InFlight:
+    rid: str
+    task: asyncio.Task[Generation]
+    abort_message: str | None = None
+
+
+@dataclass
+class _Request:
+    """An admitted /generate body."""
+
+    rid: str
+    ids: list[int]
+    sampling: SamplingParams
+    return_logprob: bool
+    routing_key: str | None
+    stop_ids: list[int] = field(default_factory=list)
+
+
+class StandIn:
+    """The app's state. `engine` is a LocalEngine (None only with `echo=True`)."""
+
+    def __init__(self, engine: Any, *, model_path: str | Path, validator: GenerateValidator, worker_id: str,
+                 weight_version: str = "default", tokenizer: Any = None, echo: bool = False,
+                 context_window: int | None = None, max_log: int = 100_000) -> None:
+        if engine is None and not echo:
+            raise ConfigError("stand-in: an engine is required unless echo=True")
+        self.engine = engine
+        self.model_path = str(model_path)
+        self.validator = validator
+        self.worker_id = worker_id
+        self.tokenizer = tokenizer
+        self.echo = echo
+        self.context_window = context_window or (engine.context_window if engine is not None else 4096)
+        self.request_log: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_log)
+        self._labels = {engine.weight_version if engine is not None else 0: weight_version}
+        self._label = weight_version
+        self._inflight: dict[str, _InFlight] = {}
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._started = time.time()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=512 * 2**20)
+        r = app.router
+        r.add_post("/generate", self.generate)
+        r.add_put("/generate", self.generate)
+        r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
+        r.add_post("/pause_generation", self.pause_generation)
+        r.add_post("/continue_generation", self.continue_generation)
+        r.add_post("/abort_request", self.abort_request)
+        r.add_route("*", "/flush_cache", self.flush_cache)
+        for path in ("/health", "/health_generate"):
+            r.add_get(path, self.health)
+        for path in ("/model_info", "/get_model_info"):
+            r.add_get(path, self.model_info)
+        for path in ("/server_info", "/get_server_info"):
+            r.add_get(path, self.server_info)
+        r.add_get("/agentrl/requests", self.requests)
+        return app
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    # ------------------------------------------------------------------------------------------- /generate
+    async def generate(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            return _error(f"the request body is not JSON: {exc}")
+        contract_error = self.validator.check(body)
+        if contract_error is not None:
+            return web.json_response({"error": contract_error}, status=400)  # exactly SGLang's gate
+        try:
+            req = self._admit(body, request.headers.get(ROUTING_HEADER))
+        except ValueError as exc:
+            return _error(str(exc))
+        await self._resumed.wait()
+        t0 = time.time()
+        if self.echo:
+            gen = Generation(output_ids=[req.ids[-1]], logprobs=[-0.5], finish_reason="length",
+                             weight_version=0)
+            return web.json_response(self._answer(req, gen, None, t0))
+        session = req.routing_key or req.rid
+        entry = _InFlight(req.rid, asyncio.ensure_future(self.engine.generate(req.ids, req.sampling,
+                                                                                session_id=session)))
+        self._inflight[req.rid] = entry
+        try:
+            await asyncio.wait({entry.task})
+        finally:
+            self._inflight.pop(req.rid, None)
+            if not entry.task.done():  # the client went away: stop generating for it (SGLang does the same)
+                entry.task.cancel()
+        if entry.task.cancelled():
+            gen = Generation(output_ids=[], logprobs=[], finish_reason="abort",
+                             weight_version=self.engine.weight_version)
+            return web.json_response(self._answer(req, gen, entry.abort_message or "Aborted", t0))
+        exc = entry.task.exception()
+        if exc is not None:
+            return _error(str(exc), status=400 if isinstance(exc, ConfigError) else 500)
+        return web.json_response(self._answer(req, entry.task.result(), None, t0))
+
+    def _admit(self, body: dict[str, Any], routing_key: str | None) -> _Request:
+        """What SGLang checks after the contract (GenerateReqInput, SamplingParams.verify, context length)."""
+        ids = body.get("input_ids")
+        if body.get("text") is not None or ids is None:
+            raise ValueError("the stand-in takes input_ids only (token in); text/input_embeds are not supported")
+        if not ids or isinstance(ids[0], list):
+            raise ValueError("the stand-in serves one non-empty input_ids sequence per request (no batches)")
+        if body.get("stream"):
+            raise ValueError("the stand-in does not stream; send stream=false")
+        params = body.get("sampling_params") or {}
+        if isinstance(params, list):
+            raise ValueError("the stand-in takes one sampling_params object, not a list")
+        sampling = self._sampling(params, len(ids))
+        rid = body.get("rid") or uuid.uuid4().hex
+        if not isinstance(rid, str):
+            raise ValueError("the stand-in takes one rid string")
+        if rid in self._inflight:
+            raise ValueError(f"Duplicate request ID: {rid}")
+        return _Request(rid=rid, ids=list(ids), sampling=sampling, routing_key=routing_key,
+                        return_logprob=bool(body.get("return_logprob")))
+
+    def _sampling(self, p: dict[str, Any], n_input: int) -> SamplingParams:
+        refused = [k for k in _UNSUPPORTED if p.get(k) not in (None, [], "")]
+        refused += [k for k, default in _DEFAULTS.items() if k in p and p[k] is not None and p[k] != default]
+        if refused:
+            raise ValueError(f"the stand-in does not implement sampling params {refused}")
+        top_k = p.get("top_k")
+        if top_k is not None and top_k != -1 and top_k < 1:
+            raise ValueError(f"top_k must be -1 (disable), or at least 1, got {top_k}.")
+        temperature = 1.0 if p.get("temperature") is None else float(p["temperature"])
+        if temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {temperature}.")
+        max_new = 128 if p.get("max_new_tokens") is None else int(p["max_new_tokens"])
+        self._check_context(n_input, max_new)
+        return SamplingParams(
+            temperature=0.0 if temperature < 1e-6 else temperature,
+            top_p=1.0 if p.get("top_p") is None else float(p["top_p"]),
+            top_k=0 if top_k in (None, -1) or top_k >= _TOP_K_OFF else int(top_k),
+            max_new_tokens=max(1, max_new), stop_token_ids=list(p.get("stop_token_ids") or []),
+            seed=p.get("sampling_seed"),
+        )
+
+    def _check_context(self, n_input: int, max_new: int) -> None:
+        """SGLang's own messages (tokenizer_manager._validate_one_request, no auto-truncate)."""
+        ctx = self.context_window
+        if n_input >= ctx:
+            raise ValueError(f"The input ({n_input} tokens) is longer than the model's context length ({ctx} tokens).")
+        if max_new + n_input > ctx:
+            raise ValueError(
+                f"Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested "
+                f"a total of {max_new + n_input} tokens: {n_input} tokens from the input messages and {max_new} "
+                "tokens for the completion. Please reduce the number of tokens in the input messages or the "
+                "completion to fit within the limit.")
+
+    def _answer(self, req: _Request, gen: Generation, abort: str | None, t0: float) -> dict[str, Any]:
+        if gen.finish_reason == "stop":
+            finish: dict[str, Any] = {"type": "stop", "matched": gen.output_ids[-1]}
+        elif gen.finish_reason == "length":
+            finish = {"type": "length", "length": len(gen.output_ids)}
+        else:
+            finish = {"type": "abort", "message": abort, "status_code": None, "err_type": None}
+        label = self._labels.get(gen.weight_version, self._label)
+        meta: dict[str, Any] = {
+            "id": req.rid, "finish_reason": finish, "prompt_tokens": len(req.ids),
+            "completion_tokens": len(gen.output_ids), "cached_tokens": gen.cached_tokens, "reasoning_tokens": 0,
+            "weight_version": label, "e2e_latency": time.time() - t0,
+        }
+        if req.return_logprob:
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(gen.logprobs, gen.output_ids)]
+        self._record(req, gen, label)
+        text = self.tokenizer.decode(gen.output_ids) if self.tokenizer is not None and gen.output_ids else ""
+        return {"text": text, "output_ids": gen.output_ids, "meta_info": meta}
+
+    def _record(self, req: _Request, gen: Generation, label: str) -> None:
+        entry = {"rid": req.rid, "worker": self.worker_id, "routing_key": req.routing_key,
+                 "prompt_tokens": len(req.ids), "cached_tokens": gen.cached_tokens,
+                 "completion_tokens": len(gen.output_ids), "finish": gen.finish_reason, "weight_version": label}
+        self.request_log.append(entry)
+        log.info("generate rid=%s worker=%s key=%s prompt=%d cached=%d out=%d finish=%s version=%s", req.rid,
+                 self.worker_id, req.routing_key, len(req.ids), gen.cached_tokens, len(gen.output_ids),
+                 gen.finish_reason, label)
+
+    # ------------------------------------------------------------------------------------------- control
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        body = await _json_object(request)
+        if not isinstance(body.get("model_path"), str) or self.engine is None:
+            return web.json_response({"success": False, "message": "model_path (a string) is required",
+                                      "num_paused_requests": 0}, status=400)
+        if body.get("abort_all_requests"):
+            self._abort("", abort_all=True, message="Abort due to weight update")
+        label = body.get("weight_version")
+        version = max(self._labels) + 1
+        try:
+            await self.engine.update_weights(body["model_path"], version)
+        except Exception as exc:  # noqa: BLE001 - reported like SGLang: 400 with success=false, old weights kept
+            return web.json_response({"success": False, "num_paused_requests": 0,
+                                      "message": f"Failed to update weights: {exc}. Rolled back to the previous "
+                                                 "weights."}, status=400)
+        self._label = str(label) if label is not None else self._label
+        self._labels[version] = self._label
+        message = "Succeeded to update model weights."
+        if label is not None:
+            message += f" Weight version updated to {label}."
+        return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
+
+    async def pause_generation(self, request: web.Request) -> web.Response:
+        mode = (await _json_object(request)).get("mode", "abort")
+        if mode not in ("abort", "retract", "in_place"):
+            return _error(f"invalid pause mode {mode!r}: use abort, retract or in_place")
+        self._resumed.clear()
+        if mode == "abort":
+            self._abort("", abort_all=True, message="Abort due to pause_generation")
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(self, request: web.Request) -> web.Response:
+        self._resumed.set()
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        body = await _json_object(request)
+        self._abort(str(body.get("rid") or ""), abort_all=bool(body.get("abort_all")), message="Aborted by request")
+        return web.Response(status=200)
+
+    def _abort(self, rid: str, *, abort_all: bool, message: str) -> None:
+        for entry in list(self._inflight.values()):
+            if abort_all or (rid and entry.rid.startswith(rid)):  # SGLang matches rids by prefix
+                entry.abort_message = message
+                entry.task.cancel()
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        if self._inflight:
+            return web.Response(status=400, text=f"Cache not flushed because there are pending requests. "
+                                                 f"#queue-req: 0, #running-req: {len(self._inflight)}")
+        if self.engine is not None:  # passing the engine its own model only clears the prefix cache
+            await self.engine.update_weights(self.engine.model, self.engine.weight_version)
+        return web.Response(text=_FLUSHED)
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.engine is None or not self._resumed.is_set():
+            return web.Response(status=200)
+        try:
+            async with asyncio.timeout(20):
+                await self.engine.generate([0], SamplingParams(temperature=0.0, max_new_tokens=1),
+                                           session_id=f"health-{uuid.uuid4().hex}")
+        except Exception:  # noqa: BLE001 - any failure is "unhealthy"
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({
+            "model_path": self.model_path, "served_model_name": self.model_path, "tokenizer_path": self.model_path,
+            "is_generation": True, "preferred_sampling_params": None, "weight_version": self._label,
+            "load_format": "auto", "reasoning_parser": None, "tool_call_parser": None, "disaggregation_mode": "null",
+            "has_image_understanding": False, "has_audio_understanding": False,
+        })
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        return web.json_response({
+            "model_path": self.model_path, "context_length": self.context_window,
+            "max_req_input_len": self.context_window - 6, "max_total_num_tokens": self.context_window,
+            "weight_version": self._label, "version": SGLANG_VERSION, "frontend": "agentrl-standin",
+            "worker_id": self.worker_id, "contract": self.validator.source, "startup_time": self._started,
+            "internal_states": [{}],
+        })
+
+    async def requests(self, request: web.Request) -> web.Response:
+        return web.json_response(list(self.request_log))
+
+
+class StandInServer:
+    """Runs a StandIn app on a TCP socket: `url = await server.start()`, `await server.stop()`."""
+
+    def __init__(self, standin: StandIn, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.standin, self.host, self.port = standin, host, port
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> str:
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        self._runner = web.AppRunner(self.standin.app(), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+        return self.url
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+def _error(message: str, status: int = 400) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)  # SGLang's _create_error_response
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    if not request.can_read_body:
+        return {}
+    try:
+        body = await request.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+async def serve(model: str | None, *, host: str = "127.0.0.1", port: int = 30000, worker_id: str | None = None,
+                max_batch_size: int = 16, context_window: int | None = None, seed: int | None = None,
+                weight_version: str = "default", echo: bool = False) -> None:
+    """`agentrl engine serve`: load the model, serve until cancelled (Ctrl-C / SIGTERM), then close the engine."""
+    from agentrl.engine.models import resolve_model
+    from agentrl.engine.sglang_contract import generate_validator
+
+    path = resolve_model(model)
+    validator = generate_validator()
+    if not validator.is_real:
+        log.warning("stand-in: %s; /generate bodies are checked by a hand-written subset of the contract",
+                    validator.source)
+    engine = None
+    if not echo:
+        from agentrl.engine.local import LocalEngine
+
+        engine = await asyncio.to_thread(LocalEngine, path, max_batch_size=max_batch_size,
+                                         context_window=context_window, seed=seed)
+    tokenizer = None if echo else await asyncio.to_thread(_load_tokenizer, path)
+    standin = StandIn(engine, model_path=path, validator=validator, worker_id=worker_id or f"{host}:{port}",
+                      weight_version=weight_version, tokenizer=tokenizer, echo=echo, context_window=context_window)
+    server = StandInServer(standin, host, port)
+    try:
+        url = await server.start()
+        print(f"agentrl stand-in SGLang server on {url} (worker {standin.worker_id}, model {path}, "
+              f"/generate checked by {validator.source})", flush=True)
+        await asyncio.Event().wait()
+    finally:
+        await server.stop()
+        if engine is not None:
+            await engine.close()
+
+
+def _load_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)

@@ -1,0 +1,132 @@
+"""Client overhead of agentrl's `sglang` engine vs a bare aiohttp POST, at 256 concurrent /generate requests.
+
+Both clients talk to the same stand-in SGLang server, started as its own process in `--echo` mode: it parses and
+contract-checks every body like a real SGLang worker but answers one token without running a model, so what is
+measured is the client (body building, rid, routing, JSON, parsing into a Generation) plus the shared HTTP/server
+cost. The bare client posts the identical body (fresh rid, same headers) with `json=` and reads `resp.json()` through
+an aiohttp session with the same connection limit. Rounds alternate between the clients; each round sends
+`--requests` requests with at most `--concurrency` in flight. Prints the median and best per-request wall time of
+each client and their ratio (target: agentrl within 5% of bare). CPU numbers on a shared machine are noisy: the load
+average is printed; compare the ratio, not the absolute times.
+
+    python benchmarks/bench_sglang_client.py [--concurrency 256] [--requests 4096] [--rounds 5] [--prompt-tokens 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from agentrl.engine.sglang import ROUTING_HEADER, SGLangEngine
+from agentrl.types import SamplingParams
+
+SAMPLING = SamplingParams(temperature=0.0, max_new_tokens=1)
+
+
+def start_server(port: int, model_dir: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "agentrl.cli", "engine", "serve", "--echo", "--model", str(model_dir), "--port",
+           str(port), "--context-window", "32768"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"stand-in exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/model_info", timeout=1).close()
+            return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("stand-in did not start")
+
+
+def echo_model_dir() -> Path:
+    """--echo needs no weights, only a directory that looks like a checkpoint."""
+    d = Path(tempfile.mkdtemp(prefix="agentrl-bench-echo-"))
+    (d / "config.json").write_text('{"max_position_embeddings": 32768}')
+    return d
+
+
+async def bounded(n: int, concurrency: int, one: Any) -> float:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def run(i: int) -> None:
+        async with sem:
+            await one(i)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(run(i) for i in range(n)))
+    return time.perf_counter() - start
+
+
+async def agentrl_round(engine: SGLangEngine, prompt: list[int], n: int, concurrency: int) -> float:
+    async def one(i: int) -> None:
+        gen = await engine.generate(prompt, SAMPLING, session_id=f"s{i % 1024}")
+        assert len(gen.output_ids) == 1
+
+    return await bounded(n, concurrency, one)
+
+
+async def bare_round(session: aiohttp.ClientSession, url: str, body: dict[str, Any], n: int, concurrency: int) -> float:
+    async def one(i: int) -> None:
+        payload = {**body, "rid": uuid.uuid4().hex}
+        async with session.post(f"{url}/generate", json=payload, headers={ROUTING_HEADER: f"s{i % 1024}"}) as r:
+            data = await r.json()
+        assert len(data["meta_info"]["output_token_logprobs"]) == 1
+
+    return await bounded(n, concurrency, one)
+
+
+async def main(a: argparse.Namespace) -> None:
+    port = a.port
+    proc = start_server(port, echo_model_dir())
+    url = f"http://127.0.0.1:{port}"
+    prompt = [(7 * i) % 30000 + 1 for i in range(a.prompt_tokens)]
+    engine = SGLangEngine(urls=[url], eos_token_ids=[2], context_window=32768, max_connections=a.concurrency)
+    body = engine._body(prompt, SAMPLING, 1, "s0")  # noqa: SLF001 - the identical body, for the bare client
+    connector = aiohttp.TCPConnector(limit=a.concurrency, limit_per_host=a.concurrency)
+    times: dict[str, list[float]] = {"agentrl": [], "bare": []}
+    try:
+        async with aiohttp.ClientSession(connector=connector) as session:
+            await agentrl_round(engine, prompt, a.concurrency, a.concurrency)  # warm both pools
+            await bare_round(session, url, body, a.concurrency, a.concurrency)
+            for _ in range(a.rounds):
+                times["bare"].append(await bare_round(session, url, body, a.requests, a.concurrency))
+                times["agentrl"].append(await agentrl_round(engine, prompt, a.requests, a.concurrency))
+    finally:
+        await engine.close()
+        proc.terminate()
+        proc.wait()
+    per = {k: [t / a.requests * 1e6 for t in v] for k, v in times.items()}
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {a.rounds} rounds x {a.requests} requests, "
+          f"{a.concurrency} in flight, {a.prompt_tokens}-token prompts, stand-in --echo\n")
+    print("| client | median us/request | best us/request | requests/s (median) |")
+    print("| --- | --- | --- | --- |")
+    for name in ("bare", "agentrl"):
+        med = statistics.median(per[name])
+        print(f"| {name} | {med:.1f} | {min(per[name]):.1f} | {1e6 / med:.0f} |")
+    ratio = statistics.median(per["agentrl"]) / statistics.median(per["bare"])
+    best_ratio = min(per["agentrl"]) / min(per["bare"])
+    print(f"\nagentrl / bare: {ratio:.3f} (median), {best_ratio:.3f} (best)  [target <= 1.05]")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--concurrency", type=int, default=256)
+    p.add_argument("--requests", type=int, default=4096)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--port", type=int, default=31987)
+    asyncio.run(main(p.parse_args()))

@@ -1,0 +1,173 @@
+"""Every pod the kubernetes backend can emit (cold, warm, claimed by patch; any SandboxSpec, runtime class, pull
+policy and allowed pod template) validates against the official schemas of the supported Kubernetes versions, and
+keeps the security defaults. Also: templates that would weaken a sandbox are refused, and the token the init
+container writes is the one the backend derives."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentrl.errors import ConfigError
+from agentrl.sandbox import SandboxSpec
+from agentrl.sandbox.k8s_pods import (INIT_SCRIPT, L_EGRESS, L_ROLE, Owner, PodOptions, derive_token, label_value,
+                                      pod_spec, spec_hash)
+from agentrl.sandbox.k8s_pool import PodPool
+from agentrl.sandbox.kubernetes import KubernetesSandboxConfig
+from agentrl.testing.fake_k8s import merge_patch
+
+SUPPORTED = ["1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0", "1.36.0", "1.37.0"]
+
+TEMPLATES = [
+    None,
+    {"spec": {"nodeSelector": {"pool": "sandboxes"}, "tolerations": [{"key": "sandbox", "operator": "Exists",
+                                                                       "effect": "NoSchedule"}],
+              "priorityClassName": "low", "imagePullSecrets": [{"name": "regcred"}]}},
+    {"metadata": {"labels": {"team": "rl"}, "annotations": {"note": "x"}},
+     "spec": {"containers": [{"name": "sandbox", "image": "registry.local/task:1", "env": [{"name": "A", "value": "1"}],
+                              "resources": {"limits": {"cpu": "2", "memory": "2Gi", "ephemeral-storage": "1Gi"}},
+                              "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}]}],
+              "volumes": [{"name": "data", "configMap": {"name": "task-data"}}]}},
+]
+
+specs = st.builds(SandboxSpec, cpus=st.sampled_from([0.1, 0.25, 1.0, 2.0, 3.5]),
+                  memory=st.sampled_from(["128m", "512m", "1g", "3g", "1536m"]),
+                  disk=st.sampled_from(["64m", "256m", "1g"]), network=st.booleans(),
+                  ttl_s=st.integers(min_value=10, max_value=86400),
+                  image=st.sampled_from(["agentrl/python:latest", "python:3.12-slim"]))
+
+
+def _pool(template: Any, runtime_class: str | None, pull: str | None, owner: Owner) -> PodPool:
+    cfg = KubernetesSandboxConfig(pod_template=template, runtime_class=runtime_class, image_pull_policy=pull)
+    opts = PodOptions(namespace=cfg.namespace, pool=cfg.pool, agent_port=cfg.agent_port,
+                      agent_configmap="agentrl-agent-0123456789ab", key_secret=cfg.key_secret,
+                      runtime_class=runtime_class, image_pull_policy=pull, template=template)
+    return PodPool(None, cfg, opts, owner)  # type: ignore[arg-type]  # manifests only: no API calls
+
+
+def emitted_pods(spec: SandboxSpec, template: Any, runtime_class: str | None, pull: str | None) -> list[dict]:
+    """Cold pod, warm pod, and the warm pod after the claim patch (as the API server would merge it)."""
+    owner = Owner(session="s1", host="h", pid=1, pid_start="1", pod_name="rollout-0", pod_namespace="agentrl",
+                  pod_uid="0f3c2a9e-2f5d-4d43-9e4c-0a1b2c3d4e5f")
+    pool = _pool(template, runtime_class, pull, owner)
+    cold_body = pod_spec(spec, pool.opts, deadline_s=spec.ttl_s)
+    warm_body = pod_spec(spec, pool.opts, deadline_s=spec.ttl_s + 900)
+    cold = pool._manifest(spec, cold_body, spec_hash(cold_body), {"agentrl/run-id": "r-1"}, claimed=True)
+    warm = pool._manifest(spec, warm_body, spec_hash(warm_body), {}, claimed=False)
+    warm_live = {**warm, "metadata": {**warm["metadata"], "resourceVersion": "7"},
+                 "status": {"startTime": "2026-01-01T00:00:00Z"}}
+    claimed = merge_patch(warm_live, pool._claim_patch(warm_live, spec, {"agentrl/run-id": "r-2"}))
+    claimed["metadata"].pop("resourceVersion")
+    claimed.pop("status")
+    return [cold, warm, claimed]
+
+
+def assert_policy(pod: dict, spec: SandboxSpec) -> None:
+    s = pod["spec"]
+    assert s["automountServiceAccountToken"] is False and s["enableServiceLinks"] is False
+    assert not any(s.get(k) for k in ("hostNetwork", "hostPID", "hostIPC", "serviceAccountName"))
+    assert s["restartPolicy"] == "Never" and 0 < s["activeDeadlineSeconds"]
+    psc = s["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] != 0 and psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    containers = s["initContainers"] + s["containers"]
+    assert len(s["containers"]) == 1
+    for c in containers:
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
+        assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
+        assert c["resources"]["requests"] == c["resources"]["limits"] and {"cpu", "memory"} <= set(
+            c["resources"]["limits"])
+    volumes = {v["name"]: v for v in s["volumes"]}
+    assert not any("hostPath" in v for v in s["volumes"])
+    main = s["containers"][0]
+    mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
+    assert "emptyDir" in volumes[mounts["/workspace"]["name"]] and "emptyDir" in volumes[mounts["/tmp"]["name"]]
+    assert mounts["/agentrl"].get("readOnly") is True
+    assert not any("secret" in volumes[m["name"]] for m in main["volumeMounts"]), "the key is for the init only"
+    assert "exec" not in str(main.get("readinessProbe", {})), "no exec probes either"
+    labels = pod["metadata"]["labels"]
+    assert labels[L_ROLE] == "sandbox" and (labels.get(L_EGRESS) == "allowed") == spec.network
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=specs, template=st.sampled_from(TEMPLATES), runtime_class=st.sampled_from([None, "gvisor"]),
+       pull=st.sampled_from([None, "IfNotPresent", "Never"]))
+def test_every_emitted_pod_validates_and_keeps_the_security_defaults(spec: SandboxSpec, template: Any,
+                                                                     runtime_class: str | None,
+                                                                     pull: str | None) -> None:
+    for pod in emitted_pods(spec, template, runtime_class, pull):
+        assert_policy(pod, spec)
+        for version in (SUPPORTED[0], SUPPORTED[-1]):
+            kubernetes_validate.validate(pod, version, strict=True)
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_default_pods_validate_on_every_supported_version(version: str) -> None:
+    for template in TEMPLATES:
+        for pod in emitted_pods(SandboxSpec(network=True), template, "gvisor", "IfNotPresent"):
+            kubernetes_validate.validate(pod, version, strict=True)
+
+
+def test_claim_patch_only_lowers_the_deadline_and_is_conditional() -> None:
+    spec = SandboxSpec(ttl_s=600)
+    pool = _pool(None, None, None, Owner(session="s", host="h", pid=1, pid_start="1"))
+    body = pod_spec(spec, pool.opts, deadline_s=600 + 900)
+    warm = pool._manifest(spec, body, spec_hash(body), {}, claimed=False)
+    warm["metadata"]["resourceVersion"] = "42"
+    warm["status"] = {"startTime": "2000-01-01T00:00:00Z"}  # very old: the wanted deadline would be larger
+    patch = pool._claim_patch(warm, spec, {})
+    assert patch["metadata"]["resourceVersion"] == "42"
+    assert "spec" not in patch, "activeDeadlineSeconds may only decrease"
+    assert "ownerReferences" not in patch["metadata"], "no owner pod out of the cluster"
+
+
+@pytest.mark.parametrize("template, field", [
+    ({"spec": {"hostNetwork": True}}, "hostNetwork"),
+    ({"spec": {"securityContext": {"runAsUser": 0}}}, "securityContext"),
+    ({"spec": {"automountServiceAccountToken": True}}, "automountServiceAccountToken"),
+    ({"spec": {"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}}, "hostPath"),
+    ({"spec": {"containers": [{"name": "sandbox", "securityContext": {"privileged": True}}]}}, "containers"),
+    ({"spec": {"containers": [{"name": "sidecar", "image": "x"}]}}, "containers"),
+    ({"spec": {"initContainers": [{"name": "x", "image": "x"}]}}, "initContainers"),
+    ({"metadata": {"name": "x"}}, "metadata"),
+])
+def test_weakening_templates_are_refused(template: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        KubernetesSandboxConfig(pod_template=template)
+
+
+def test_config_errors_name_the_field() -> None:
+    with pytest.raises(ValueError, match="pool"):
+        KubernetesSandboxConfig(pool="Not_A_Label")
+    with pytest.raises(ValueError, match="unknown_key|extra"):
+        KubernetesSandboxConfig(unknown_key=1)
+    with pytest.raises(ConfigError, match="either config or fields"):
+        from agentrl.sandbox.kubernetes import KubernetesBackend
+
+        KubernetesBackend(KubernetesSandboxConfig(), namespace="x")
+
+
+def test_init_script_writes_the_token_the_backend_derives(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "agent.py").write_text("# agent\n")
+    (tmp_path / "key").write_bytes(b"s3cret-key\n")
+    (tmp_path / "dst").mkdir()
+    subprocess.run([sys.executable, "-c", INIT_SCRIPT, str(tmp_path / "src" / "agent.py"), str(tmp_path / "key"),
+                    str(tmp_path / "dst")], env={**os.environ, "POD_NAME": "pool-abc"}, check=True)
+    token = (tmp_path / "dst" / "token").read_text()
+    assert token == derive_token(b"s3cret-key", "pool-abc") != derive_token(b"s3cret-key", "pool-abd")
+    assert (tmp_path / "dst" / "token").stat().st_mode & 0o777 == 0o400
+    assert (tmp_path / "dst" / "agent.py").read_text() == "# agent\n"
+
+
+def test_label_values_are_sanitised() -> None:
+    assert label_value("run/with spaces:and-ü") == "run-with-spaces-and"
+    assert len(label_value("x" * 100)) == 63
