@@ -98,7 +98,7 @@ def _cmd_envs_list(a: argparse.Namespace) -> int:
 
     for name, cls in available_envs().items():
         doc = (cls.__doc__ or "").strip().splitlines()
-        print(f"{name:20s} {cls.action_format:10s} {doc[0] if doc else ''}")
+        print(f"{name:20s} {doc[0] if doc else ''}")
     return 0
 
 

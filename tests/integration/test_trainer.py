@@ -125,7 +125,7 @@ def two_steps(taught_model: Path, tmp_path_factory: pytest.TempPathFactory) -> t
     out = tmp_path_factory.mktemp("train") / "run"
     with pytest.MonkeyPatch.context() as mp:
         rec = Recorder(mp)
-        result = run_train(job(taught_model, out, eval_every=2, eval={"tasks": 2, "samples": 1}))
+        result = run_train(job(taught_model, out, micro_batch_size=4, eval_every=2, eval={"tasks": 2, "samples": 1}))
     assert result.steps_done == 2
     return out, rec
 
@@ -205,6 +205,7 @@ def test_tool_tokens_are_masked_and_get_zero_gradient(two_steps: tuple[Path, Rec
         assert torch.all(grad[tools] == 0.0), "gradient leaked into tool/env tokens"
         assert torch.all(grad[~live] == 0.0)
         model_positions_with_grad += int((grad[live & inputs["tool_mask"].bool()] != 0).sum())
+    assert len(rec.grads) == 4  # 2 steps x 2 micro-batches of 4 completions (gradient accumulation)
     assert tool_positions > 0, "no trajectory had a tool observation; the test would prove nothing"
     assert model_positions_with_grad > 0
 
@@ -342,9 +343,10 @@ def test_refuses_to_overwrite_a_run_and_config_changes_on_resume(two_steps: tupl
     out, _ = two_steps
     with pytest.raises(ConfigError, match="--resume"):
         guard_output_dir(job(taught_model, out), resume=False)
-    check_resume_config(job(taught_model, out, steps=5))  # more steps: fine
+    same = {"micro_batch_size": 4, "eval_every": 1}
+    check_resume_config(job(taught_model, out, steps=5, **same))  # more steps, other eval cadence: fine
     with pytest.raises(ConfigError, match="learning_rate"):
-        check_resume_config(job(taught_model, out, learning_rate=0.5))
+        check_resume_config(job(taught_model, out, learning_rate=0.5, **same))
 
 
 # -- kill -9 and --resume (a real `agentrl train` process) ---------------------------------------------------------

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 
 @register_env("code_tests")
 class CodeTestsEnv(Env):
+    """Implement a Python function; reward = hidden unit tests passed (easy tasks + HumanEval)."""
+
+    action_format = "codeblock"
+
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.config = parse_options(options)
