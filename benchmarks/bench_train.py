@@ -1,4 +1,4 @@
-"""GRPO step time on CPU, split into rollout / train / weight sync, for the demo config (configs/demo-train.yaml).
+"""GRPO step time on CPU, split into rollout / train / weight sync, for the demo config (docs/configs/demo-train.yaml).
 
 Runs a real training job (embedded SmolLM2-135M-Instruct, easy code_tests tasks, local bubblewrap sandboxes) for
 --steps steps into a temp dir and prints, per step and as a mean over the steps after the first (which also pays
@@ -7,7 +7,7 @@ for sandbox warm-up), the wall time of the rollout (the runner: generation + too
 `--weight-sync disk` measures the SGLang-style path (save full weights, engine reloads from disk) instead of the
 in-place copy. The machine's load average is printed: other processes skew CPU numbers.
 
-    python benchmarks/bench_train.py [--config configs/demo-train.yaml] [--steps 3] [--weight-sync local|disk]
+    python benchmarks/bench_train.py [--config docs/configs/demo-train.yaml] [--steps 3] [--weight-sync local|disk]
                                      [--json out.json]
 """
 

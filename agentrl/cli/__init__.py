@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.cli.debug import add_replay_commands
+from agentrl.cli.train import add_train_commands
 from agentrl.errors import AgentRLError, ConfigError
 
 log = logging.getLogger("agentrl")
@@ -184,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc.set_defaults(func=_cmd_sandbox_gc)
     add_replay_commands(sub)
     _add_engine_commands(sub)
+    add_train_commands(sub)
     return parser
 
 

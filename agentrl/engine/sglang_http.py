@@ -51,6 +51,7 @@ class TransientError(EngineUnavailableError):
 class Limits:
     max_connections: int = 256
     connect_timeout_s: float = 10.0
+    request_timeout_s: float = 600.0  # the session default; a call may pass its own
     keepalive_s: float = 60.0
 
 
@@ -76,18 +77,25 @@ class Transport:
                 limit=self.limits.max_connections, limit_per_host=self.limits.max_connections,
                 keepalive_timeout=self.limits.keepalive_s, socket_factory=nodelay_socket,
             )
-            self._session = aiohttp.ClientSession(connector=connector, raise_for_status=False)
+            timeout = aiohttp.ClientTimeout(total=self.limits.request_timeout_s,
+                                            sock_connect=self.limits.connect_timeout_s)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, raise_for_status=False,
+                                                  json_serialize=_dumps)
             self._loop = asyncio.get_running_loop()
         return self._session
 
     async def request(self, method: str, url: str, *, body: Any = None, headers: dict[str, str] | None = None,
-                      timeout_s: float) -> Any:
-        """Send, read the whole answer, return its JSON (or text for non-JSON 200s). Raises the errors above."""
-        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.limits.connect_timeout_s)
-        data = None if body is None else json.dumps(body, separators=(",", ":"))
-        hdrs = {"Content-Type": "application/json", **(headers or {})} if data is not None else headers
+                      timeout_s: float | None = None) -> Any:
+        """Send, read the whole answer, return its JSON (or text for non-JSON 200s). Raises the errors above.
+        `timeout_s` None: the session's request timeout (no per-call timer objects on the hot path)."""
+        timeout_s = self.limits.request_timeout_s if timeout_s is None else timeout_s
+        kwargs: dict[str, Any] = {"headers": headers}
+        if timeout_s != self.limits.request_timeout_s:
+            kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.limits.connect_timeout_s)
+        if body is not None:
+            kwargs["json"] = body
         try:
-            async with self.session().request(method, url, data=data, headers=hdrs, timeout=timeout) as resp:
+            async with self.session().request(method, url, **kwargs) as resp:
                 raw = await resp.read()
                 status = resp.status
         except asyncio.TimeoutError:
@@ -107,6 +115,10 @@ class Transport:
             await session.close()
         elif loop.is_running():  # used from a background loop (the trainer's): close it there
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(session.close(), loop))
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _decode(url: str, status: int, raw: bytes) -> Any:

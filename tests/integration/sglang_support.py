@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -109,28 +110,33 @@ async def wait_until(predicate: Any, timeout: float = 30.0, interval: float = 0.
 def standin_process(model: Path, port: int, worker_id: str) -> Iterator[subprocess.Popen[bytes]]:
     cmd = [sys.executable, "-m", "agentrl.cli", "engine", "serve", "--model", str(model), "--port", str(port),
            "--worker-id", worker_id]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        _wait_http(f"http://127.0.0.1:{port}/model_info", proc)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    with tempfile.TemporaryFile() as out:  # a file, not a pipe: a full pipe would block the server's logging
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            _wait_http(f"http://127.0.0.1:{port}/model_info", proc, out)
+            yield proc
+        finally:
+            _stop(proc)
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], out: Any, timeout: float = 120.0) -> None:
     import urllib.request
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-            raise RuntimeError(f"server exited with {proc.returncode}: {out[-3000:]}")
+            out.seek(0)
+            raise RuntimeError(f"server exited with {proc.returncode}: {out.read().decode(errors='replace')[-3000:]}")
         try:
             with urllib.request.urlopen(url, timeout=2):
                 return

@@ -12,6 +12,7 @@ import contextlib
 import importlib.util
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -33,12 +34,14 @@ async def router(workers: list[str]) -> AsyncIterator[str]:
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
            "--worker-urls", *workers, "--policy", "manual", "--worker-startup-check-interval", "1",
            "--log-level", "warn"]
-    proc = await asyncio.create_subprocess_exec(*cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - a file, not a pipe nobody drains
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
-        await _wait_for_workers(url, len(workers), proc)
+        await _wait_for_workers(url, len(workers), proc, log)
         yield url
     finally:
+        log.close()
         if proc.returncode is None:
             proc.terminate()
             try:
@@ -48,11 +51,12 @@ async def router(workers: list[str]) -> AsyncIterator[str]:
                 await proc.wait()
 
 
-async def _wait_for_workers(url: str, n: int, proc: Any, timeout: float = 60.0) -> None:
+async def _wait_for_workers(url: str, n: int, proc: Any, log: Any, timeout: float = 60.0) -> None:
     async with aiohttp.ClientSession() as s, asyncio.timeout(timeout):
         while True:
             if proc.returncode is not None:
-                err = (await proc.stderr.read()).decode(errors="replace")
+                log.seek(0)
+                err = log.read().decode(errors="replace")
                 raise RuntimeError(f"sglang-router exited with {proc.returncode}: {err[-2000:]}")
             with contextlib.suppress(aiohttp.ClientError):
                 async with s.get(f"{url}/workers") as r:
