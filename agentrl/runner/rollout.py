@@ -92,18 +92,19 @@ class Rollout:
             state.turns.append(turn)
             turn.text = self.renderer.decode(self.renderer.strip_end_of_turn(gen.output_ids))
             state.messages.append(Message(role="assistant", content=turn.text))
-            if gen.finish_reason == "length":  # cut mid-turn: no end-of-turn, the episode cannot go on
-                state.status = limit_status if max_new < self.sampling.max_new_tokens else Status.truncated
-                return
             parsed = parse_tool_calls(turn.text, self.env.action_format, self.env.tools, turn=index)
             turn.tool_calls, turn.parse_errors = parsed.calls, parsed.errors
+            if gen.finish_reason == "length":
+                # cut mid-turn: no end-of-turn, so the episode cannot go on; the calls it completed still run
+                # (their effects, e.g. a written solution, count) but no observation follows
+                turn.parse_errors = []
+                await self._run_calls(state, turn, sandbox, task, parsed.calls)
+                state.status = limit_status if max_new < self.sampling.max_new_tokens else Status.truncated
+                return
             if not parsed.calls and not parsed.errors:
                 state.status = Status.ok
                 return
-            results = await self._call_tools(sandbox, task, parsed.calls)
-            turn.tool_results = results
-            turn.tool_duration_s = sum(r.duration_s for r in results)
-            state.tools_s += turn.tool_duration_s
+            results = await self._run_calls(state, turn, sandbox, task, parsed.calls)
             if any(r.done for r in results):
                 state.status = Status.ok
                 return
@@ -112,6 +113,14 @@ class Rollout:
             if not self._append_observation(state, turn, results, parsed.errors):
                 return
         state.status = Status.max_turns
+
+    async def _run_calls(self, state: TrajectoryState, turn: Turn, sandbox: Sandbox, task: Task,
+                         calls: list[ToolCall]) -> list[ToolResult]:
+        results = await self._call_tools(sandbox, task, calls)
+        turn.tool_results = results
+        turn.tool_duration_s = sum(r.duration_s for r in results)
+        state.tools_s += turn.tool_duration_s
+        return results
 
     def _turn_budget(self, state: TrajectoryState) -> tuple[int, Status]:
         left_total = self.budgets.max_completion_tokens - len(state.completion_ids)

@@ -221,3 +221,17 @@ async def test_real_tiny_model_multi_turn_tito(env: Any, task: Any, eos_prone_mo
     multi = [t for t in trajs if sum(1 for turn in t.turns if turn.env_len) >= 1]
     assert len(multi) >= 2, [t.status for t in trajs]
     assert all("42" in turn.observation for t in multi for turn in t.turns if turn.env_len)
+
+
+async def test_code_completed_before_a_length_cut_still_runs(env: Any, task: Any, smollm2_tokenizer: Any) -> None:
+    """A turn cut by max_new_tokens after a complete code block: the block runs (the solution counts), the
+    episode ends truncated, and no observation follows the cut turn."""
+    reply = _code(env.reference_solution(task)) + "\nNow let me explain this in great detail. " * 40
+    engine = ScriptedEngine(smollm2_tokenizer, [reply])
+    n_code = len(smollm2_tokenizer.encode(_code(env.reference_solution(task)), add_special_tokens=False))
+    async with _pool() as pool:
+        traj = await _scheduler(env, engine, smollm2_tokenizer, pool, max_new=n_code + 20).run_one(
+            task, group_id="g", sample_index=0)
+    assert traj.status is Status.truncated and len(traj.turns) == 1
+    assert traj.turns[0].tool_results and traj.turns[0].env_len == 0
+    assert traj.reward == 1.0
