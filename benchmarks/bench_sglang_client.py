@@ -9,7 +9,11 @@ an aiohttp session with the same connection limit. Rounds alternate between the 
 each client and their ratio (target: agentrl within 5% of bare). CPU numbers on a shared machine are noisy: the load
 average is printed; compare the ratio, not the absolute times.
 
-    python benchmarks/bench_sglang_client.py [--concurrency 256] [--requests 4096] [--rounds 5] [--prompt-tokens 512]
+agentrl encodes/decodes JSON with orjson when it is installed (the bare client uses aiohttp's default, the standard
+library); `--stdlib-json` makes agentrl use the standard library too, to compare the clients' own work like for like.
+
+    python benchmarks/bench_sglang_client.py [--concurrency 256] [--requests 4096] [--rounds 8] [--prompt-tokens 512]
+                                             [--stdlib-json]
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 
 import aiohttp
 
+from agentrl.engine import sglang_http
 from agentrl.engine.sglang import ROUTING_HEADER, SGLangEngine
 from agentrl.types import SamplingParams
 
@@ -93,12 +98,14 @@ async def bare_round(session: aiohttp.ClientSession, url: str, body: dict[str, A
 
 
 async def main(a: argparse.Namespace) -> None:
+    if a.stdlib_json:
+        sglang_http.orjson = None  # read at every call: agentrl's transport falls back to the json module
     port = a.port
     proc = start_server(port, echo_model_dir())
     url = f"http://127.0.0.1:{port}"
     prompt = [(7 * i) % 30000 + 1 for i in range(a.prompt_tokens)]
     engine = SGLangEngine(urls=[url], eos_token_ids=[2], context_window=32768, max_connections=a.concurrency)
-    body = engine._body(prompt, SAMPLING, 1, "s0")  # noqa: SLF001 - the identical body, for the bare client
+    body = engine._body(prompt, SAMPLING, 1, "s0")
     connector = aiohttp.TCPConnector(limit=a.concurrency, limit_per_host=a.concurrency)
     times: dict[str, list[tuple[float, float]]] = {"agentrl": [], "bare": []}
     try:
@@ -117,15 +124,17 @@ async def main(a: argparse.Namespace) -> None:
         proc.terminate()
         proc.wait()
     report(times, a)
-    print(f"pure client cost without HTTP (sequential, {a.pure_calls} calls): agentrl "
-          f"{await pure_overhead(prompt, a.pure_calls):.2f} us/call more than building the bare body and reading a dict")
+    extra = await pure_overhead(prompt, a.pure_calls)
+    print(f"pure client cost without HTTP (sequential, {a.pure_calls} calls): agentrl {extra:.2f} us/call more than "
+          "building the bare body and reading a dict")
 
 
 def report(times: dict[str, list[tuple[float, float]]], a: argparse.Namespace) -> None:
     wall = {k: [w / a.requests * 1e6 for w, _ in v] for k, v in times.items()}
     cpu = {k: [c / a.requests * 1e6 for _, c in v] for k, v in times.items()}
+    codec = "json (stdlib)" if sglang_http.orjson is None else "orjson"
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {a.rounds} rounds x {a.requests} requests, "
-          f"{a.concurrency} in flight, {a.prompt_tokens}-token prompts, stand-in --echo\n")
+          f"{a.concurrency} in flight, {a.prompt_tokens}-token prompts, stand-in --echo; agentrl JSON: {codec}\n")
     print("| client | wall us/request (median) | wall (best) | client CPU us/request (median) | CPU (best) |")
     print("| --- | --- | --- | --- | --- |")
     for name in ("bare", "agentrl"):
@@ -150,16 +159,17 @@ async def pure_overhead(prompt: list[int], n: int) -> float:
         return answer
 
     engine = SGLangEngine(urls=["http://127.0.0.1:9"], eos_token_ids=[2], context_window=32768)
-    engine._connected = True  # noqa: SLF001
-    engine._transport.request = canned  # type: ignore[method-assign]  # noqa: SLF001
-    body = engine._body(prompt, SAMPLING, 1, "s0")  # noqa: SLF001
+    engine._connected = True
+    engine._transport.request = canned  # type: ignore[method-assign]
+    body = engine._body(prompt, SAMPLING, 1, "s0")
     start = time.perf_counter()
     for i in range(n):
         await engine.generate(prompt, SAMPLING, session_id=f"s{i % 1024}")
     ours = time.perf_counter() - start
     start = time.perf_counter()
     for i in range(n):
-        data = await canned("POST", "u", body={**body, "rid": uuid.uuid4().hex}, headers={ROUTING_HEADER: f"s{i % 1024}"})
+        payload = {**body, "rid": uuid.uuid4().hex}
+        data = await canned("POST", "u", body=payload, headers={ROUTING_HEADER: f"s{i % 1024}"})
         assert len(data["meta_info"]["output_token_logprobs"]) == 1
     bare = time.perf_counter() - start
     return (ours - bare) / n * 1e6
@@ -169,8 +179,9 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--concurrency", type=int, default=256)
     p.add_argument("--requests", type=int, default=4096)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--port", type=int, default=31987)
     p.add_argument("--pure-calls", type=int, default=20000)
+    p.add_argument("--stdlib-json", action="store_true", help="agentrl without orjson (like the bare client)")
     asyncio.run(main(p.parse_args()))

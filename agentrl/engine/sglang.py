@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agentrl.engine.sglang_http import Limits, SGLangHTTPError, Transport, TransientError
+from agentrl.engine.sglang_http import Limits, SGLangHTTPError, TransientError, Transport
 from agentrl.engine.sglang_routing import WorkerRouter
 from agentrl.errors import ConfigError, EngineError, EngineUnavailableError
 from agentrl.types import Generation, SamplingParams
@@ -299,7 +299,7 @@ class SGLangEngine:
             await self._on_workers("POST", "/pause_generation", {"mode": "abort"})
             await self._on_workers("POST", "/update_weights_from_disk", body)
         finally:
-            pass
+            await self._on_workers("POST", "/continue_generation", {})  # never leave a worker paused
 
     async def _verify_version(self, version: int) -> None:
         infos = await self._on_workers("GET", "/model_info")
@@ -470,7 +470,7 @@ def read_tokenizer_path(url: str, *, via_router: bool = False, timeout_s: float 
 
     endpoint = f"{_clean_url(url, 'engine URL')}/{'get_model_info' if via_router else 'model_info'}"
     try:
-        with urllib.request.urlopen(endpoint, timeout=timeout_s) as resp:  # noqa: S310 - a configured http(s) URL
+        with urllib.request.urlopen(endpoint, timeout=timeout_s) as resp:
             info = json.loads(resp.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise EngineUnavailableError(f"cannot read {endpoint} ({exc}): is the SGLang server up? Or pass --model "

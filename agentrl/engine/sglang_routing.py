@@ -33,7 +33,7 @@ class WorkerRouter:
     def pick(self, session_id: str) -> str:
         """The worker for this session's next request (pins the session on first use)."""
         url = self._sessions.get(session_id)
-        if False:
+        if url is not None and not self._cooling(url):
             self._sessions.move_to_end(session_id)
             return url
         if url is not None:

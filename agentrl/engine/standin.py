@@ -166,11 +166,11 @@ class StandIn:
             raise ValueError("the stand-in does not stream; send stream=false")
         params = body.get("sampling_params") or {}
         if isinstance(params, list):
-            raise ValueError("the stand-in takes one sampling_params object, not a list")
+            raise ValueError("the stand-in takes one sampling_params object, not a list")  # noqa: TRY004 - a 400
         sampling = self._sampling(params, len(ids))
         rid = body.get("rid") or uuid.uuid4().hex
         if not isinstance(rid, str):
-            raise ValueError("the stand-in takes one rid string")
+            raise ValueError("the stand-in takes one rid string")  # noqa: TRY004 - answered as a 400, like SGLang
         if rid in self._inflight:
             raise ValueError(f"Duplicate request ID: {rid}")
         return _Request(rid=rid, ids=list(ids), sampling=sampling, routing_key=routing_key,

@@ -12,6 +12,7 @@ task missing) are listed as "missing" and never counted as worse.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from pathlib import Path
@@ -65,12 +66,13 @@ async def evaluate(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: i
         modes["greedy"] = rollout.sampling.model_copy(update={"temperature": 0.0, "seed": None})
     result: dict[str, Any] = {"label": label, "task_ids": [t.id for t in tasks], "modes": {}}
     store = TrajectoryStore(store_path, resume=True) if store_path is not None else None
-    try:
-        for mode, sampling in modes.items():
-            mode_rollout = dataclasses.replace(rollout, sampling=sampling)
-            n = samples if mode == "sampled" else 1
-            trajs = await run_mode(mode_rollout, pool, tasks, samples=n, sched=sched, store=store,
-                                   meta={**(meta or {}), "eval": label, "eval_mode": mode})
+    try:  # the modes run concurrently so the engine batches them together
+        runs = await asyncio.gather(*(
+            run_mode(dataclasses.replace(rollout, sampling=sampling), pool, tasks,
+                     samples=samples if mode == "sampled" else 1, sched=sched, store=store,
+                     meta={**(meta or {}), "eval": label, "eval_mode": mode})
+            for mode, sampling in modes.items()))
+        for mode, trajs in zip(modes, runs):
             scores = task_scores(trajs)
             values = [s["score"] for s in scores.values() if s["score"] is not None]
             result["modes"][mode] = {"tasks": scores, "mean": mean(values) if values else None}

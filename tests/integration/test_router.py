@@ -92,20 +92,28 @@ async def test_turns_stick_to_one_worker_and_reuse_its_cache(eos_prone_model: Pa
 
 
 async def test_control_calls_reach_every_worker(tiny_model_path: Path) -> None:
-    async with sup.running_standin(tiny_model_path, worker_id="w1") as (s1, _), \
-            sup.running_standin(tiny_model_path, worker_id="w2") as (s2, _), router([s1.url, s2.url]) as url:
-        eng = sup.sglang_engine(tiny_model_path, router_url=url, retries=1)
-        try:
-            await eng.connect()
-            assert sorted(eng.workers) == sorted([s1.url, s2.url]), "workers learned from GET /workers"
-            async with aiohttp.ClientSession() as s, s.post(f"{url}/update_weights_from_disk",
-                                                            json={"model_path": str(tiny_model_path)}) as r:
-                assert r.status == 404, "the router does not proxy weight updates"
-            await eng.update_weights(str(tiny_model_path), 3)
-            infos = await eng.model_infos()
-            gen = await eng.generate([1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=4), session_id="k")
-            assert await eng.health()
-        finally:
-            await eng.close()
+    """One worker is its own process (as in production): two checkpoint loads at once in one process race inside
+    transformers (meta tensors), which real SGLang workers never share."""
+    port = sup.free_port()
+    w2 = f"http://127.0.0.1:{port}"
+    with sup.standin_process(tiny_model_path, port, "w2"):
+        async with sup.running_standin(tiny_model_path, worker_id="w1") as (s1, _), router([s1.url, w2]) as url:
+            await _control_calls(tiny_model_path, url, [s1.url, w2])
+
+
+async def _control_calls(model: Path, url: str, workers: list[str]) -> None:
+    eng = sup.sglang_engine(model, router_url=url, retries=1)
+    try:
+        await eng.connect()
+        assert sorted(eng.workers) == sorted(workers), "workers learned from GET /workers"
+        async with aiohttp.ClientSession() as s, s.post(f"{url}/update_weights_from_disk",
+                                                        json={"model_path": str(model)}) as r:
+            assert r.status == 404, "the router does not proxy weight updates"
+        await eng.update_weights(str(model), 3)
+        infos = await eng.model_infos()
+        gen = await eng.generate([1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=4), session_id="k")
+        assert await eng.health()
+    finally:
+        await eng.close()
     assert {i["weight_version"] for i in infos.values()} == {"3"} and len(infos) == 2
     assert gen.weight_version == 3 and gen.worker is None

@@ -52,7 +52,24 @@ def test_contract_is_sglangs_own(validator: Any) -> None:
         pytest.skip(f"SGLang's contract could not be fetched here: {validator.source}")
     assert "sglang 0.5.23 contract" in validator.source
     assert validator.check({"input_ids": [1], "sampling_params": {"max_new_tokens": 1, "top_k": -1}}) is None
-    assert validator.check({"input_ids": [1], "sampling_params": {"logprobs": 1}}).startswith("unknown field `logprobs`")
+    error = validator.check({"input_ids": [1], "sampling_params": {"logprobs": 1}})
+    assert error.startswith("unknown field `logprobs`")
+
+
+def test_fallback_validator_agrees_with_the_contract(validator: Any, monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    from agentrl.engine.sglang_contract import ENV_VAR, generate_validator
+
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "missing.py"))
+    fallback = generate_validator()
+    assert not fallback.is_real and "sglang_contract fetch" in fallback.source
+    if not validator.is_real:
+        pytest.skip(f"nothing to compare with: {validator.source}")
+    bodies = [{"input_ids": [1], "sampling_params": p} for p in (
+        {"max_tokens": 4}, {"max_new_tokens": "4"}, {"temperature": "hot"}, {"no_stop_trim": 1}, {"top_k": 1.5},
+        {"max_new_tokens": 3, "top_k": -1, "stop_token_ids": [2], "no_stop_trim": True, "skip_special_tokens": False},
+    )]
+    assert [fallback.check(b) for b in bodies] == [validator.check(b) for b in bodies]
 
 
 async def test_wrong_field_is_400_with_sglangs_text(tiny_model_path: Path, validator: Any) -> None:
@@ -153,6 +170,18 @@ async def test_max_new_tokens_clamped_to_context_window(tiny_model_path: Path, v
     assert full.output_ids == [] and full.finish_reason == "length" and len(rec.bodies) == 1, "no request sent"
 
 
+async def test_tokenizer_path_and_checkpoint_facts_from_the_server(tiny_model_path: Path) -> None:
+    from agentrl.engine.sglang import checkpoint_facts, read_tokenizer_path
+
+    async with sup.running_standin(tiny_model_path) as (srv, local):
+        served = await asyncio.to_thread(read_tokenizer_path, srv.url)
+    assert Path(served) == tiny_model_path
+    eos, window = checkpoint_facts(served)
+    assert eos == local.eos_token_ids and window == 2048
+    with pytest.raises(EngineUnavailableError, match="is the SGLang server up"):
+        await asyncio.to_thread(read_tokenizer_path, f"http://127.0.0.1:{sup.free_port()}", timeout_s=2)
+
+
 def test_client_pool_limits_and_nodelay() -> None:
     sock = nodelay_socket((socket.AF_INET, socket.SOCK_STREAM, 0, "", ("127.0.0.1", 0)))
     try:
@@ -162,9 +191,9 @@ def test_client_pool_limits_and_nodelay() -> None:
 
     async def check() -> None:
         eng = sup.sglang_engine(Path("."), ["http://127.0.0.1:1"], max_connections=37)
-        connector = eng._transport.session().connector  # noqa: SLF001
+        connector = eng._transport.session().connector
         assert connector.limit == 37 and connector.limit_per_host == 37
-        assert connector._socket_factory is nodelay_socket  # noqa: SLF001
+        assert connector._socket_factory is nodelay_socket
         await eng.close()
 
     asyncio.run(check())
@@ -278,7 +307,7 @@ async def test_aborted_turns_are_never_stored(eos_prone_model: Path) -> None:
         async def abort_everything() -> None:
             while True:
                 if srv.standin.in_flight:
-                    srv.standin._abort("", abort_all=True, message="Abort by test")  # noqa: SLF001
+                    srv.standin._abort("", abort_all=True, message="Abort by test")
                 await asyncio.sleep(0.005)
 
         aborter = asyncio.create_task(abort_everything())
@@ -449,11 +478,11 @@ async def test_weight_update_mid_run_tags_every_turn(eos_prone_model: Path, monk
         assert tv == sorted(tv)
         served = [e for e in log if e["routing_key"] == t.id and e["finish"] != "abort"]
         assert [(str(turn.weight_version) if turn.weight_version else "default", turn.model_len) for turn in t.turns] \
-            == [(e["weight_version"], e["completion_tokens"]) for e in served], "each turn = the generation that made it"
+            == [(e["weight_version"], e["completion_tokens"]) for e in served], "a turn = the generation that made it"
 
 
 def _assert_same_trajectories(expected: list[Any], got: list[Any]) -> None:
-    key = lambda t: (t.task_id, t.sample_index)  # noqa: E731
+    key = lambda t: (t.task_id, t.sample_index)
     assert sorted(map(key, expected)) == sorted(map(key, got))
     by_key = {key(t): t for t in got}
     for e in expected:
@@ -473,15 +502,18 @@ def _rollout_cmd(model: Path, out: Path, *engine_args: str) -> list[str]:
             "--seed", "3", "--out", str(out), *engine_args]
 
 
+def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
 def test_cli_rollout_local_and_sglang_identical(eos_prone_model: Path, tmp_path: Path) -> None:
     local_out, sglang_out = tmp_path / "local.jsonl", tmp_path / "sglang.jsonl"
-    r = subprocess.run(_rollout_cmd(eos_prone_model, local_out, "--engine", "local"), capture_output=True, text=True,
-                       timeout=300)
+    r = _run(_rollout_cmd(eos_prone_model, local_out, "--engine", "local"), 300)
     assert r.returncode == 0, r.stderr[-3000:]
     port = sup.free_port()
     with sup.standin_process(eos_prone_model, port, "cli"):
-        r = subprocess.run(_rollout_cmd(eos_prone_model, sglang_out, "--engine", "sglang", "--engine-url",
-                                        f"http://127.0.0.1:{port}"), capture_output=True, text=True, timeout=300)
+        r = _run(_rollout_cmd(eos_prone_model, sglang_out, "--engine", "sglang", "--engine-url",
+                              f"http://127.0.0.1:{port}"), 300)
     assert r.returncode == 0, r.stderr[-3000:]
     got = read_trajectories(sglang_out)
     assert all(t.meta["engine"]["engine"] == "sglang" for t in got)
@@ -491,14 +523,12 @@ def test_cli_rollout_local_and_sglang_identical(eos_prone_model: Path, tmp_path:
 
 def test_cli_unreachable_engine_fails_fast(eos_prone_model: Path, tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{sup.free_port()}"
-    r = subprocess.run(_rollout_cmd(eos_prone_model, tmp_path / "t.jsonl", "--engine-url", url), capture_output=True,
-                       text=True, timeout=120)
+    r = _run(_rollout_cmd(eos_prone_model, tmp_path / "t.jsonl", "--engine-url", url), 120)
     assert r.returncode == 2 and f"cannot reach SGLang worker {url}" in r.stderr, r.stderr[-2000:]
 
 
 def test_config_requires_a_target(tmp_path: Path) -> None:
     cfg = tmp_path / "job.yaml"
     cfg.write_text(json.dumps({"engine": {"type": "sglang", "max_connections": 8}}))
-    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "rollout", "--config", str(cfg)], capture_output=True,
-                       text=True, timeout=60)
+    r = _run([sys.executable, "-m", "agentrl.cli", "rollout", "--config", str(cfg)], 60)
     assert r.returncode == 2 and "engine.sglang" in r.stderr and "router_url" in r.stderr, r.stderr[-2000:]

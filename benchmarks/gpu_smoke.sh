@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# GPU smoke test of the SGLang path. STATUS: NOT YET RUN (no GPU was available when it was written; every step was
+# exercised on CPU against the stand-in server, `agentrl engine serve`, instead of SGLang).
+#
+# On a machine with one NVIDIA GPU:
+#   1. starts SGLang 0.5.23 (its own venv: it pins torch 2.14.1 / transformers 5.19) with a small model, RL flags,
+#   2. runs a short multi-turn code_tests rollout through agentrl (--engine sglang),
+#   3. updates the weights on the server (/update_weights_from_disk, version 1) and runs the rollout again,
+#   4. prints tokens/s, the cached-token ratio of turns after the first, and the logprob agreement between SGLang
+#      and a transformers recomputation (what the trainer computes) for both weight versions.
+#
+# Needs (set as environment variables, or the defaults below):
+#   SGLANG_PYTHON   python of a venv with `pip install "sglang==0.5.23"`           (default: .venv-sglang/bin/python)
+#   AGENTRL_PYTHON  python of agentrl's venv (with a CUDA torch for the recomputation) (default: .venv/bin/python)
+#   MODEL           HF checkpoint dir the server loads (default: the embedded SmolLM2-135M-Instruct, converted once)
+#   PORT (30000), TASKS (8), GROUP (4), WORK (a temp dir), DEVICE (cuda)
+# Usage: bash benchmarks/gpu_smoke.sh
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+SGLANG_PYTHON=${SGLANG_PYTHON:-.venv-sglang/bin/python}
+AGENTRL_PYTHON=${AGENTRL_PYTHON:-.venv/bin/python}
+PORT=${PORT:-30000}
+TASKS=${TASKS:-8}
+GROUP=${GROUP:-4}
+DEVICE=${DEVICE:-cuda}
+WORK=${WORK:-$(mktemp -d -t agentrl-gpu-smoke-XXXXXX)}
+URL="http://127.0.0.1:${PORT}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+command -v nvidia-smi >/dev/null || { echo "gpu_smoke: no nvidia-smi: this needs a GPU machine" >&2; exit 2; }
+"$SGLANG_PYTHON" -c "import sglang; assert sglang.__version__ == '0.5.23', sglang.__version__" || {
+  echo "gpu_smoke: $SGLANG_PYTHON has no sglang 0.5.23: python -m venv .venv-sglang && \
+.venv-sglang/bin/pip install 'sglang==0.5.23'" >&2; exit 2; }
+MODEL=${MODEL:-$("$AGENTRL_PYTHON" -c "from agentrl.engine.models import resolve_model; print(resolve_model(None))")}
+echo "gpu_smoke: model $MODEL, work dir $WORK"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+
+# RL flags: radix cache stays on (the default; no --disable-radix-cache) so later turns reuse their prefix;
+# chunked prefill bounds the prefill batch of long agent contexts; integer weight versions tag every token.
+"$SGLANG_PYTHON" -m sglang.launch_server --model-path "$MODEL" --host 127.0.0.1 --port "$PORT" \
+  --mem-fraction-static 0.6 --chunked-prefill-size 8192 --max-running-requests 128 --context-length 8192 \
+  --schedule-policy lpm --weight-version 0 --log-level warning >"$WORK/sglang.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 1 300); do
+  curl -sf "$URL/health_generate" >/dev/null && break
+  kill -0 $SERVER 2>/dev/null || { echo "gpu_smoke: SGLang exited:"; tail -50 "$WORK/sglang.log"; exit 1; }
+  sleep 1
+done
+curl -sf "$URL/model_info"; echo
+
+rollout() {  # $1: name
+  "$AGENTRL_PYTHON" -m agentrl.cli rollout --engine sglang --engine-url "$URL" --model "$MODEL" --env code_tests \
+    --tasks "$TASKS" --group-size "$GROUP" --max-turns 3 --max-new-tokens 512 --temperature 1.0 --seed 0 \
+    --concurrency 32 --out "$WORK/$1.jsonl" --summary-json "$WORK/$1.summary.json"
+}
+
+echo "== rollout with weight version 0"
+rollout v0
+"$AGENTRL_PYTHON" benchmarks/gpu_smoke_report.py report --model "$MODEL" --summary "$WORK/v0.summary.json" \
+  --rollout "$WORK/v0.jsonl" --version 0 --device "$DEVICE"
+
+echo "== weight update (perturbed copy of the model, version 1)"
+"$AGENTRL_PYTHON" benchmarks/gpu_smoke_report.py update --url "$URL" --model "$MODEL" --out "$WORK/weights-v1" --version 1
+
+echo "== rollout with weight version 1"
+rollout v1
+"$AGENTRL_PYTHON" benchmarks/gpu_smoke_report.py report --model "$MODEL" --weights "$WORK/weights-v1" \
+  --summary "$WORK/v1.summary.json" --rollout "$WORK/v1.jsonl" --version 1 --device "$DEVICE"
+echo "gpu_smoke: done (logs and trajectories in $WORK)"
