@@ -51,6 +51,9 @@ from agentrl.engine.sampling import sample
 from agentrl.errors import ConfigError, EngineError, EngineUnavailableError
 from agentrl.types import Generation, SamplingParams
 
+# transformers' from_pretrained is not thread-safe: concurrent loads in one process can leave tied weights (lm_head)
+# uninitialised. One process-wide lock serialises checkpoint loads (the deliberate exception to "no globals").
+_LOAD_LOCK = threading.Lock()
 _MAX_SESSIONS = 100_000  # per-session call counters kept for seeding (oldest forgotten first)
 
 
@@ -134,7 +137,8 @@ class LocalEngine:
             torch.set_num_threads(num_threads)  # process-wide: torch has one intra-op pool
         self.dtype = _dtype(dtype)
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
+        with _LOAD_LOCK:
+            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
         self.vocab_size = int(self.model.config.get_text_config().vocab_size)
         self.eos_token_ids = _eos_ids(self.model)
         self._context_window = _context_window(self.model, context_window)
@@ -287,7 +291,8 @@ class LocalEngine:
     def _load_checkpoint(self, path: Path) -> Mapping[str, torch.Tensor]:
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(validate_checkpoint_dir(path), dtype=self.dtype).state_dict()
+        with _LOAD_LOCK:
+            return AutoModelForCausalLM.from_pretrained(validate_checkpoint_dir(path), dtype=self.dtype).state_dict()
 
     # ------------------------------------------------------------------------------------------ worker thread
     def _run(self) -> None:

@@ -123,6 +123,9 @@ class Scheduler:
             state.status = Status.infra_error
             error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
         timing.total_s = time.perf_counter() - t0
+        end_session = getattr(self.rollout.engine, "end_session", None)
+        if end_session is not None:  # engines with sticky routing forget this trajectory's worker
+            end_session(traj_id)
         return self._record(task, state, traj_id, group_id, k, attempt, step, tests, solution, error, timing)
 
     async def _in_sandbox(self, state: TrajectoryState, task: Task, sandbox: Any, traj_id: str,

@@ -145,8 +145,11 @@ class LocalBackend:
         t0 = time.monotonic()
         plan: limits.LimitPlan | None = None
         proc: asyncio.subprocess.Process | None = None
+        # a thread cannot be cancelled: if this call is, wait for _prepare to finish before tearing down, or the
+        # thread would recreate the state dir after the teardown removed it
+        prep = asyncio.ensure_future(asyncio.to_thread(self._prepare, sid, path, spec, labels))
         try:
-            plan, log_fd = await asyncio.to_thread(self._prepare, sid, path, spec, labels)
+            plan, log_fd = await asyncio.shield(prep)
             try:
                 proc = await self._spawn(plan.wrap(self._argv(spec, path)), path, log_fd)
             finally:
@@ -156,6 +159,8 @@ class LocalBackend:
             await asyncio.to_thread(self._record_pid, path, proc.pid)
             await self._wait_ready(sid, proc, path)
         except BaseException as e:
+            if plan is None:
+                plan = await self._settle_prepare(prep)
             await asyncio.shield(self._teardown(sid, path, plan, proc))
             if isinstance(e, (OSError, asyncio.TimeoutError)):
                 raise SandboxStartError(f"sandbox {sid} failed to start: {type(e).__name__}: {e}") from e
@@ -164,6 +169,22 @@ class LocalBackend:
         endpoint = AgentEndpoint(kind="unix", address=str(path / "run" / "agent.sock"))
         return SandboxHandle(id=sid, backend=self.name, endpoint=endpoint, labels=dict(labels),
                              timings={"create_s": t1 - t0, "start_s": t2 - t1, "agent_ready_s": t2 - t0})
+
+    @staticmethod
+    async def _settle_prepare(prep: asyncio.Future[tuple[limits.LimitPlan, int]]) -> limits.LimitPlan | None:
+        """Let an interrupted _prepare thread finish; return its plan (closing its log fd) for the teardown."""
+        while not prep.done():
+            try:
+                await asyncio.shield(prep)
+            except asyncio.CancelledError:
+                continue
+            except Exception:
+                break
+        if prep.cancelled() or prep.exception() is not None:
+            return None
+        plan, log_fd = prep.result()
+        os.close(log_fd)
+        return plan
 
     def _prepare(self, sid: str, path: Path, spec: SandboxSpec, labels: dict[str, str]) -> tuple[limits.LimitPlan, int]:
         self.state_root.mkdir(mode=0o700, parents=True, exist_ok=True)
