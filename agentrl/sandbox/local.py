@@ -241,14 +241,14 @@ class LocalBackend:
                 args += ["--ro-bind", d, d]
         for name in ETC_FILES + (("resolv.conf",) if spec.network else ()):
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        for extra in self.ro_binds + self._interpreter_binds():
-            args += ["--ro-bind", extra, extra]
         disk = str(spec.disk_bytes)
         shm = str(min(spec.disk_bytes, 64 * 1024 * 1024))
         args += ["--ro-bind", str(path / "passwd"), "/etc/passwd", "--ro-bind", str(path / "group"), "/etc/group",
                  "--proc", "/proc", "--dev", "/dev", "--size", shm, "--tmpfs", "/dev/shm",
-                 "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs", WORKSPACE,
-                 "--ro-bind", self._agent_file, f"{AGENT_DIR}/agent.py",
+                 "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs", WORKSPACE]
+        for extra in self.ro_binds + self._interpreter_binds():  # after the tmpfs mounts: a venv under /tmp stays
+            args += ["--ro-bind", extra, extra]
+        args += ["--ro-bind", self._agent_file, f"{AGENT_DIR}/agent.py",
                  "--bind", str(path / "run"), f"{AGENT_DIR}/run",
                  "--remount-ro", "/"]  # the root tmpfs bwrap builds would otherwise be writable (and unlimited)
         return args
