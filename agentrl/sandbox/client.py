@@ -210,3 +210,15 @@ class Sandbox:
     async def close(self) -> None:
         """Close the connections (the pool does this before the backend destroys the sandbox)."""
         await self.client.close()
+
+
+async def probe_health(endpoint: AgentEndpoint, *, timeout_s: float = 5.0) -> bool:
+    """One-shot health check of an agent on a fresh connection (used while a sandbox starts)."""
+    client = AgentClient(endpoint, max_connections=1, connect_timeout_s=2.0)
+    try:
+        status, obj = await client.request("GET", "/health", None, timeout=timeout_s)
+        return status == 200 and obj.get("ok") is True
+    except SandboxDiedError:
+        return False
+    finally:
+        await client.close()

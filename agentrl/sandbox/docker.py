@@ -47,9 +47,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agentrl.errors import ConfigError, MissingDependencyError, SandboxDiedError, SandboxError, SandboxStartError
+from agentrl.errors import (
+    ConfigError,
+    MissingDependencyError,
+    SandboxError,
+    SandboxStartError,
+)
 from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
-from agentrl.sandbox.client import AgentClient
+from agentrl.sandbox.client import probe_health
 
 try:
     import docker
@@ -288,7 +293,7 @@ class DockerBackend:
         t0 = time.monotonic()
         delay, next_state = 0.002, t0 + 0.5
         while True:
-            if await self._healthy(handle.endpoint):
+            if await probe_health(handle.endpoint):
                 handle.timings["agent_ready_s"] = time.monotonic() - t0
                 return
             now = time.monotonic()
@@ -300,17 +305,6 @@ class DockerBackend:
                                         f"{self._start_timeout_s:.0f}s; log: {await self._log_tail(handle)}")
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
-
-    @staticmethod
-    async def _healthy(endpoint: AgentEndpoint) -> bool:
-        client = AgentClient(endpoint, max_connections=1, connect_timeout_s=2.0)
-        try:
-            status, obj = await client.request("GET", "/health", None, timeout=5.0)
-            return status == 200 and obj.get("ok") is True
-        except SandboxDiedError:
-            return False
-        finally:
-            await client.close()
 
     async def _raise_if_exited(self, handle: SandboxHandle) -> None:
         try:
@@ -343,7 +337,7 @@ class DockerBackend:
         try:
             state = await self._state(handle)
         except (docker.errors.DockerException, OSError, SandboxStartError):
-            return await self._healthy(handle.endpoint)
+            return await probe_health(handle.endpoint)
         return bool(state and state.get("Running") and not state.get("Restarting"))
 
     async def oom_kills(self, handle: SandboxHandle) -> int:

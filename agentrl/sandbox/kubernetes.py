@@ -33,12 +33,28 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentrl.errors import ConfigError, SandboxDiedError, SandboxError, SandboxStartError
+from agentrl.errors import (
+    ConfigError,
+    SandboxError,
+    SandboxStartError,
+)
 from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
-from agentrl.sandbox.client import AgentClient
-from agentrl.sandbox.k8s_api import ApiError, KubeApi, load_client_configuration, retrying
-from agentrl.sandbox.k8s_pods import (Owner, PodOptions, agent_configmap, agent_configmap_name, check_template,
-                                      derive_token, key_secret)
+from agentrl.sandbox.client import probe_health
+from agentrl.sandbox.k8s_api import (
+    ApiError,
+    KubeApi,
+    load_client_configuration,
+    retrying,
+)
+from agentrl.sandbox.k8s_pods import (
+    Owner,
+    PodOptions,
+    agent_configmap,
+    agent_configmap_name,
+    check_template,
+    derive_token,
+    key_secret,
+)
 
 log = logging.getLogger("agentrl.sandbox")
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -232,7 +248,7 @@ class KubernetesBackend:
         failing fast when the pod dies meanwhile."""
         delay = 0.005
         while True:
-            if await _healthy(endpoint):
+            if await probe_health(endpoint):
                 return
             dead = plane.death(name)
             if dead is not None:
@@ -297,13 +313,3 @@ class KubernetesBackend:
             raise ConfigError("sandbox_template() needs control_plane: agent-sandbox and a started backend")
         return self.plane.template_manifest(spec)
 
-
-async def _healthy(endpoint: AgentEndpoint) -> bool:
-    client = AgentClient(endpoint, max_connections=1, connect_timeout_s=2.0)
-    try:
-        status, obj = await client.request("GET", "/health", None, timeout=5.0)
-        return status == 200 and obj.get("ok") is True
-    except SandboxDiedError:
-        return False
-    finally:
-        await client.close()
