@@ -5,6 +5,7 @@ The only module that knows every concrete component. Each command is one async f
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -133,11 +134,12 @@ async def run_rollout(cfg: RolloutConfig) -> int:
         if cfg.resume:
             console.print(f"resume: {len(finished)} tasks already complete in {cfg.out}, {len(todo)} to run")
         t0 = time.perf_counter()
-        engine, tokenizer, model_path = make_engine_and_tokenizer(cfg)
+        # model load (and the one-time conversion of the embedded model) off the event loop
+        engine, tokenizer, model_path = await asyncio.to_thread(make_engine_and_tokenizer, cfg)
         try:
             if hasattr(engine, "connect"):  # a server engine: fail fast with a clear message if it is unreachable
                 await engine.connect()
-            summary = await _run_groups(cfg, env, todo, engine, tokenizer, model_path, store, console)
+            await _run_groups(cfg, env, todo, engine, tokenizer, model_path, store, console)
         finally:
             await engine.close()
         all_trajs = read_trajectories(cfg.out)
@@ -171,7 +173,7 @@ async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: An
     async with pool:
         with ProgressDisplay(sched.progress, console) as display:
             async for group in sched.run(todo):
-                store.append_group(group)
+                await asyncio.to_thread(store.append_group, group)  # write + fsync off the event loop
                 display.tick()
 
 
@@ -195,7 +197,6 @@ def _load_solutions(path: Path) -> dict[str, str]:
 async def check_env(name: str, *, solutions: Path | None, backend: str, json_out: Path | None,
                     options: dict[str, Any], tasks: int | None, concurrency: int,
                     unsafe_no_isolation: bool = False) -> int:
-    import asyncio
 
     env = get_env(name, **options)
     todo = select_tasks(env, tasks, [])

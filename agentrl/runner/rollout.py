@@ -155,13 +155,13 @@ class Rollout:
         return results
 
     def _observation(self, results: list[ToolResult], errors: list[str]) -> list[Message]:
-        texts = [f"error: {e}" for e in errors] + [r.output[:MAX_OBSERVATION_CHARS] for r in results]
         if self.env.action_format == "hermes":
             msgs = [Message(role="tool", content=r.output[:MAX_OBSERVATION_CHARS], tool_call_id=r.call_id,
                             name=r.name) for r in results]
             if errors:
                 msgs.append(Message(role="user", content="\n".join(f"error: {e}" for e in errors)))
             return msgs
+        texts = [f"error: {e}" for e in errors] + [r.output[:MAX_OBSERVATION_CHARS] for r in results]
         return [Message(role="user", content="\n\n".join(texts))]
 
     def _append_observation(self, state: TrajectoryState, turn: Turn, results: list[ToolResult],

@@ -52,7 +52,7 @@ async def run_mode(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: i
     out: list[Trajectory] = []
     async for group in scheduler.run(tasks):
         if store is not None:
-            store.append_group(group)
+            await asyncio.to_thread(store.append_group, group)
         out += group
     return out
 
