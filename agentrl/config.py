@@ -98,8 +98,11 @@ class BudgetConfig(_Config):
     max_turns: int = Field(default=4, ge=1)
     max_completion_tokens: int = Field(default=2048, ge=16)
     context_window: int | None = Field(default=None, ge=64)  # None: the engine's
-    tool_timeout_s: float = Field(default=10.0, gt=0)
+    tool_timeout_s: float = Field(default=60.0, gt=0)  # one tool call (env.call_tool); the env's need is checked
     trajectory_timeout_s: float = Field(default=3600.0, gt=0)  # wall clock, including waiting for the engine
+    finalize_timeout_s: float = Field(default=300.0, gt=0)  # grading; expiry is the policy's (policy_error)
+    lease_timeout_s: float = Field(default=900.0, gt=0)  # waiting for a sandbox; expiry is infra_error
+    setup_timeout_s: float = Field(default=120.0, gt=0)  # env.setup; expiry is infra_error
 
 
 class RolloutConfig(_Config):
@@ -114,6 +117,8 @@ class RolloutConfig(_Config):
     summary_json: Path | None = None
     max_trajectories: int = Field(default=16, ge=1)  # trajectories in flight (each holds a sandbox)
     infra_retries: int = Field(default=2, ge=0)
+    max_unscored_frac: float = Field(default=0.10, ge=0.0, le=1.0)  # more infra_error than this stops the run
+    unscored_min_trajectories: int = Field(default=20, ge=1)  # ... once this many trajectories are in
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     budgets: BudgetConfig = Field(default_factory=BudgetConfig)
     engine: EngineConfig = Field(default_factory=LocalEngineConfig)

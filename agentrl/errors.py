@@ -11,7 +11,8 @@
     │   │   └── SandboxDiedError     a running sandbox vanished or its agent stopped answering
     │   └── EngineError
     │       └── EngineUnavailableError
-    └── PolicyError                  the model's own failure that ends an episode (recorded, scored)
+    ├── PolicyError                  the model's own failure that ends an episode (recorded, scored)
+    └── UnscoredLimitError           too many trajectories of a run/step could not be scored: the run stops
 
 Task-level failures (a failing test, a tool timeout, a malformed tool call) are not exceptions at all: they are
 data in the trajectory.
@@ -62,6 +63,11 @@ class EngineUnavailableError(EngineError):
 
 class PolicyError(AgentRLError):
     """The model broke the episode in a way the env cannot continue from."""
+
+
+class UnscoredLimitError(AgentRLError):
+    """More than the allowed fraction of trajectories ended as infra_error: training on the survivors would be
+    silently biased, so the run stops. The message names the most common cause."""
 
 
 def is_infra(exc: BaseException) -> bool:

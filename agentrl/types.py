@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: `error_kind` (why a trajectory is infra_error / policy_error)
 
 
 class _Record(BaseModel):
@@ -29,7 +29,12 @@ class _Record(BaseModel):
 
 
 class Status(str, Enum):
-    """How a trajectory ended. Only `infra_error` is excluded from training; the rest are policy outcomes."""
+    """How a trajectory ended. Only `infra_error` is excluded from training; the rest are policy outcomes.
+
+    `infra_error` is reserved for causes the system can prove are not the policy's (the backend could not create or
+    lost the sandbox, the engine failed, our own code raised); `policy_error` is an episode the policy broke (its
+    sandbox died during its command, the grader could not run on what it left behind): scored, usually 0, with the
+    reason in `error` / `error_kind`."""
 
     ok = "ok"  # the model ended the episode itself (no further tool call / said done)
     max_turns = "max_turns"
@@ -37,7 +42,7 @@ class Status(str, Enum):
     context_exhausted = "context_exhausted"
     timeout = "timeout"  # per-trajectory wall-clock budget
     infra_error = "infra_error"  # sandbox died, engine unreachable: never scored, retried within a budget
-    policy_error = "policy_error"  # the model broke the episode (e.g. too many consecutive malformed calls)
+    policy_error = "policy_error"  # the policy broke its episode (sandbox died in its command, ungradable state)
 
 
 class Message(_Record):
@@ -186,6 +191,7 @@ class Trajectory(_Record):
     tests: TestReport | None = None
     reward: float | None = None  # None for infra_error: never a silent 0
     error: str | None = None
+    error_kind: str | None = None  # short machine-readable cause of infra_error / policy_error (see runner.attribution)
     solution: str | None = None
     drift_count: int = 0
     timing: Timing = Field(default_factory=Timing)

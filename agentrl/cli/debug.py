@@ -210,6 +210,17 @@ def _cmd_view(a: argparse.Namespace) -> int:
     return 0
 
 
+def error_causes(trajectories: list[Any]) -> dict[str, dict[str, int]]:
+    """{"infra_error": {kind: n}, "policy_error": {kind: n}}, most common first (only statuses that occur)."""
+    from collections import Counter
+
+    out: dict[str, Counter[str]] = {}
+    for t in trajectories:
+        if t.status.value in ("infra_error", "policy_error"):
+            out.setdefault(t.status.value, Counter())[t.error_kind or "unknown"] += 1
+    return {status: dict(c.most_common()) for status, c in out.items()}
+
+
 def _cmd_stats(a: argparse.Namespace) -> int:
     from agentrl.cli.display import summary_table
     from agentrl.store import summarize
@@ -224,9 +235,12 @@ def _cmd_stats(a: argparse.Namespace) -> int:
     console.print(summary_table(overall, title=f"{a.file.name}: run summary"))
     if per_step:
         console.print(steps_table(per_step))
+    causes = error_causes(loaded.trajectories)
+    for status, counts in causes.items():
+        console.print(f"{status} by cause: " + ", ".join(f"{kind} {n}" for kind, n in counts.items()))
     if a.json:
         payload = {"file": str(a.file), "unreadable_lines": len(loaded.errors), "summary": overall,
-                   "steps": {str(k): v for k, v in per_step.items()}}
+                   "steps": {str(k): v for k, v in per_step.items()}, "error_causes": causes}
         a.json.write_text(json.dumps(payload, indent=2))
         console.print(f"wrote {a.json}")
     return 0

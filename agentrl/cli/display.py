@@ -15,7 +15,7 @@ from agentrl.runner import Progress
 def progress_line(p: Progress) -> str:
     elapsed = time.perf_counter() - p.started
     return (f"trajectories {p.trajectories_done}/{p.trajectories_total}  turns {p.turns}  tool calls {p.tool_calls}"
-            f"  tokens {p.tokens} ({p.tokens_per_s():.1f}/s)  infra errors {p.infra_errors}  {elapsed:.0f}s")
+            f"  tokens {p.tokens} ({p.tokens_per_s():.1f}/s)  infra errors {p.infra_errors}  policy errors {p.policy_errors}  {elapsed:.0f}s")
 
 
 class ProgressDisplay:
@@ -53,7 +53,8 @@ _ROWS = [
     ("nonzero_reward_groups", "groups with reward > 0", "{:.0f}"), ("mean_turns", "mean turns", "{:.2f}"),
     ("tool_calls", "tool calls", "{:.0f}"), ("tool_errors", "tool errors", "{:.0f}"),
     ("parse_errors", "parse errors", "{:.0f}"), ("truncations", "truncations", "{:.0f}"),
-    ("timeouts", "timeouts", "{:.0f}"), ("infra_errors", "infra errors", "{:.0f}"),
+    ("timeouts", "timeouts", "{:.0f}"), ("infra_errors", "infra errors (unscored)", "{:.0f}"),
+    ("infra_error_frac", "unscored fraction", "{:.1%}"), ("policy_errors", "policy errors (scored)", "{:.0f}"),
     ("template_drift_turns", "template drift (turns)", "{:.0f}"), ("tokens_generated", "tokens generated", "{:.0f}"),
     ("tokens_per_s", "tokens/s (wall)", "{:.1f}"), ("wall_s", "wall time (s)", "{:.1f}"),
 ]

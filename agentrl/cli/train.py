@@ -184,8 +184,7 @@ async def _eval_one(cfg: Any, env: Any, tasks: list[Any], path: Path, pool: Any,
         sampling = cfg.training_sampling(list(engine.eos_token_ids))
         rollout = Rollout(env=env, engine=engine, renderer=_renderer(env, tokenizer), sampling=sampling,
                           budgets=budgets_of(cfg, engine))
-        sched = SchedulerConfig(group_size=1, max_trajectories=cfg.max_trajectories,
-                                trajectory_timeout_s=cfg.budgets.trajectory_timeout_s, infra_retries=cfg.infra_retries)
+        sched = SchedulerConfig.from_config(cfg, group_size=1)
         store = out / f"{label}.jsonl"
         store.unlink(missing_ok=True)
         print(f"eval {label}: {path} on {len(tasks)} tasks ({cfg.eval.samples} sampled"

@@ -23,7 +23,7 @@ from agentrl.cli.display import ProgressDisplay, summary_table
 from agentrl.config import RolloutConfig
 from agentrl.envs import Env, Task, get_env
 from agentrl.errors import ConfigError
-from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
+from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig, check_time_needs
 from agentrl.sandbox.base import SandboxSpec
 from agentrl.store import TrajectoryStore, read_trajectories, summarize
 from agentrl.types import TestReport
@@ -123,6 +123,7 @@ async def run_rollout(cfg: RolloutConfig) -> int:
     console = Console(stderr=True)
     random.seed(cfg.seed)
     env = get_env(cfg.env, **cfg.env_options)
+    check_time_needs(env, tool_timeout_s=cfg.budgets.tool_timeout_s, finalize_timeout_s=cfg.budgets.finalize_timeout_s)
     tasks = select_tasks(env, cfg.tasks, cfg.task_ids)
     store = TrajectoryStore(cfg.out, resume=cfg.resume)  # refuses to clobber an existing file before any work
     with store:
@@ -165,9 +166,7 @@ async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: An
             "env_options": dict(cfg.env_options), "sandbox_spec": spec.model_dump()}
     backend = cfg.sandbox.backend.type
     pool = pool_from_config(cfg, spec, uuid.uuid4().hex[:12])
-    sched = Scheduler(rollout, pool, SchedulerConfig(
-        group_size=cfg.group_size, max_trajectories=cfg.max_trajectories,
-        trajectory_timeout_s=cfg.budgets.trajectory_timeout_s, infra_retries=cfg.infra_retries), meta=meta)
+    sched = Scheduler(rollout, pool, SchedulerConfig.from_config(cfg), meta=meta)
     console.print(f"rollout: env {env.name}, {len(todo)} tasks x {cfg.group_size} samples, model {model_path.name}, "
                   f"sandbox {backend}, out {cfg.out}")
     async with pool:

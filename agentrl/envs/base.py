@@ -8,6 +8,8 @@ An env is a small class registered by name (`@register_env`, or the `agentrl.env
     async setup(sandbox, task)      -> prepare the sandbox for one trajectory
     async call_tool(sandbox, call, task=...) -> ToolResult (task-level failures are data, not exceptions)
     async finalize(sandbox, task)   -> TestReport: hidden tests, run in the same sandbox
+    failed_report(task, reason)     -> TestReport of an episode the policy broke (all tests failed)
+    time_needs()                    -> seconds a call_tool / finalize may take (checked against the budgets)
     async solution(sandbox, task)   -> the final answer stored with the trajectory (optional)
     reference_solution(task)        -> used by `agentrl envs check`
     async score_solution(sandbox, task, solution) -> TestReport for a given solution (`envs check --solutions`)
@@ -25,7 +27,7 @@ from typing import Any, ClassVar, Literal
 
 from agentrl.sandbox.base import SandboxSpec
 from agentrl.sandbox.client import Sandbox
-from agentrl.types import Message, TestReport, ToolCall, ToolResult, ToolSpec
+from agentrl.types import Message, TestOutcome, TestReport, ToolCall, ToolResult, ToolSpec
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,17 @@ class Env:
 
     async def score_solution(self, sandbox: Sandbox, task: Task, solution: str) -> TestReport:
         raise NotImplementedError(f"env {self.name!r} cannot score given solutions")
+
+    def failed_report(self, task: Task, reason: str) -> TestReport:
+        """The report of an episode the policy broke (its sandbox died, the grader could not run on what it left):
+        every test failed with `reason`. Override to list the task's tests by name."""
+        return TestReport(passed=0, total=1, outcomes=[TestOutcome(name="episode", passed=False, message=reason)],
+                          error=reason)
+
+    def time_needs(self) -> dict[str, float]:
+        """Seconds this env may legitimately need, checked at start-up against the run's budgets so that a
+        deadline never cuts an honest call short: {"tool_call": one call_tool, "finalize": finalize + solution}."""
+        return {}
 
     def tool(self, name: str) -> ToolSpec | None:
         return next((t for t in self.tools if t.name == name), None)

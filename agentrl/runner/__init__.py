@@ -1,6 +1,6 @@
 """The runner: the per-trajectory loop (rollout.py) and the scheduler of groups (scheduler.py)."""
 
 from agentrl.runner.rollout import Budgets, Rollout
-from agentrl.runner.scheduler import Progress, Scheduler, SchedulerConfig
+from agentrl.runner.scheduler import Progress, Scheduler, SchedulerConfig, check_time_needs
 
-__all__ = ["Budgets", "Progress", "Rollout", "Scheduler", "SchedulerConfig"]
+__all__ = ["Budgets", "Progress", "Rollout", "Scheduler", "SchedulerConfig", "check_time_needs"]

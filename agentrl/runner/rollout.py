@@ -4,7 +4,8 @@ Per turn: generate from the exact ids so far -> keep the sampled ids/logprobs (e
 run them in this trajectory's sandbox -> render the observation with the chat template and append its suffix ids
 (env_mask 0, logprob 0.0) -> check for template drift. Budgets (DESIGN §3, lesson 7): per-turn max_new_tokens,
 per-trajectory completion tokens, the context window (each turn is clamped to what is left and keeps its finish
-reason), per-tool timeout (in the sandbox) and per-trajectory wall time (in the scheduler).
+reason), per-tool-call timeout (`tool_timeout_s` around env.call_tool, also the sandbox's default command timeout) and
+per-trajectory wall time (in the scheduler).
 
 Ends on the model's end-of-turn token unless truncated: an observation is appended only if another model turn
 will follow it.
@@ -12,6 +13,7 @@ will follow it.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -140,19 +142,36 @@ class Rollout:
         return gen, dt
 
     async def _call_tools(self, sandbox: Sandbox, task: Task, calls: list[ToolCall]) -> list[ToolResult]:
-        results = []
-        for call in calls:
-            t0 = time.perf_counter()
-            try:
+        return [await self._call_tool(sandbox, task, call) for call in calls]
+
+    async def _call_tool(self, sandbox: Sandbox, task: Task, call: ToolCall) -> ToolResult:
+        """One env.call_tool under `tool_timeout_s`. A call over it is the policy's: its processes are killed and
+        the model is told; a tool that raised is shown to the model; only InfraError propagates."""
+        t0 = time.perf_counter()
+        deadline = asyncio.timeout(self.budgets.tool_timeout_s)
+        try:
+            async with deadline:
                 result = await self.env.call_tool(sandbox, call, task=task)
-            except InfraError:
+        except InfraError:
+            raise
+        except TimeoutError:
+            if not deadline.expired():
                 raise
-            except Exception as exc:  # a tool that blew up is the task's problem, shown to the model
-                result = ToolResult(call_id=call.id, name=call.name, output=f"tool error: {exc}", error="tool_failed")
-            if not result.duration_s:
-                result = result.model_copy(update={"duration_s": time.perf_counter() - t0})
-            results.append(result)
-        return results
+            await self._kill_leftovers(sandbox)
+            result = ToolResult(call_id=call.id, name=call.name, timed_out=True, error="tool_timeout",
+                                output=f"tool error: the call did not finish within {self.budgets.tool_timeout_s:g}s "
+                                       f"and its processes were killed")
+        except Exception as exc:  # a tool that blew up is the task's problem, shown to the model
+            result = ToolResult(call_id=call.id, name=call.name, output=f"tool error: {exc}", error="tool_failed")
+        if not result.duration_s:
+            result = result.model_copy(update={"duration_s": time.perf_counter() - t0})
+        return result
+
+    @staticmethod
+    async def _kill_leftovers(sandbox: Sandbox) -> None:
+        kill_all = getattr(sandbox, "kill_all", None)
+        if kill_all is not None:
+            await kill_all()
 
     def _observation(self, results: list[ToolResult], errors: list[str]) -> list[Message]:
         if self.env.action_format == "hermes":

@@ -1,8 +1,10 @@
 """Groups, concurrency, budgets and streaming of whole groups. One asyncio task per trajectory, no turn barrier.
 
 Owns: turning (task, sample) pairs into finished `Trajectory` records — leasing a sandbox, running the loop
-(`rollout.py`) under a wall-clock budget, finalizing (hidden tests -> reward), retrying infrastructure failures
-within a budget, and yielding each group as soon as its G trajectories are done. Does not own: the loop itself,
+(`rollout.py`), killing what the policy left running and finalizing (hidden tests -> reward), one deadline per
+stage (lease, setup, turns, finalize, teardown), attributing failures (`attribution.py`: infra_error only for
+causes that are provably not the policy's), retrying infrastructure failures within a budget, stopping a run whose
+unscored fraction is too high (`guard.py`), and yielding each group as soon as its G trajectories are done. Does not own: the loop itself,
 the store (callers write what is yielded), or sandbox lifecycles (the pool's).
 
 Concurrency: `max_trajectories` bounds trajectories in flight (each holds one sandbox lease; the pool bounds
@@ -16,27 +18,61 @@ import logging
 import time
 import traceback
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from agentrl.envs.base import Task
-from agentrl.errors import InfraError
+from agentrl.errors import ConfigError, SandboxDiedError
 from agentrl.reward import score
+from agentrl.runner.attribution import DeathFacts, Stage, Verdict, classify
+from agentrl.runner.guard import UnscoredGuard
 from agentrl.runner.rollout import Rollout, TrajectoryState
-from agentrl.types import Status, Timing, Trajectory
+from agentrl.types import Status, TestReport, Timing, Trajectory
+
+T = TypeVar("T")
+DEATH_CAUSE_TIMEOUT_S = 10.0
 
 log = logging.getLogger("agentrl.runner")
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    """Concurrency, retries and one deadline per stage of a trajectory (each with its own error message)."""
+
     group_size: int = 4
     max_trajectories: int = 16
-    trajectory_timeout_s: float = 600.0
+    trajectory_timeout_s: float = 600.0  # the model's turns (generation + tools): expiry is status `timeout`, scored
     infra_retries: int = 2
-    finalize_timeout_s: float = 120.0
+    lease_timeout_s: float = 900.0  # waiting for a sandbox (includes waiting for a free slot): infra on expiry
+    setup_timeout_s: float = 120.0  # env.setup: infra on expiry (the policy has not acted yet)
+    finalize_timeout_s: float = 300.0  # hidden tests + solution read: policy_error on expiry (see time_needs())
+    teardown_timeout_s: float = 60.0  # returning the lease; never changes the trajectory's verdict
+    max_unscored_frac: float = 0.10  # over this fraction of infra_error trajectories the run stops
+    unscored_min_trajectories: int = 20  # ... once at least this many trajectories are in
 
+    @classmethod
+    def from_config(cls, cfg: Any, *, group_size: int | None = None) -> SchedulerConfig:
+        """From a RolloutConfig / TrainConfig (duck-typed: `budgets`, `group_size`, `max_trajectories`, ...)."""
+        b = cfg.budgets
+        return cls(group_size=group_size or cfg.group_size, max_trajectories=cfg.max_trajectories,
+                   trajectory_timeout_s=b.trajectory_timeout_s, infra_retries=cfg.infra_retries,
+                   lease_timeout_s=b.lease_timeout_s, setup_timeout_s=b.setup_timeout_s,
+                   finalize_timeout_s=b.finalize_timeout_s, max_unscored_frac=cfg.max_unscored_frac,
+                   unscored_min_trajectories=cfg.unscored_min_trajectories)
+
+
+def check_time_needs(env: Any, *, tool_timeout_s: float, finalize_timeout_s: float) -> None:
+    """Refuse to start when a deadline is shorter than what the env says an honest call may take: otherwise an
+    honest solution would be charged a timeout (the policy's) for the env's own slowness."""
+    needs = env.time_needs()
+    for key, field_name, have in (("tool_call", "budgets.tool_timeout_s", tool_timeout_s),
+                                  ("finalize", "budgets.finalize_timeout_s", finalize_timeout_s)):
+        need = needs.get(key)
+        if need is not None and have < need:
+            raise ConfigError(f"{field_name}={have:g}s is shorter than env {env.name!r} may need for one "
+                              f"{key.replace('_', ' ')} ({need:g}s with its options); raise {field_name} to at "
+                              f"least {need:g} or lower the env's time options")
 
 @dataclass
 class Progress:
@@ -48,10 +84,25 @@ class Progress:
     tool_calls: int = 0
     tokens: int = 0
     infra_errors: int = 0
+    policy_errors: int = 0
     started: float = field(default_factory=time.perf_counter)
 
     def tokens_per_s(self) -> float:
         return self.tokens / max(time.perf_counter() - self.started, 1e-9)
+
+
+@dataclass
+class _Attempt:
+    """What one attempt of one trajectory has produced so far (the scheduler records it whatever happens)."""
+
+    task: Task
+    traj_id: str
+    state: TrajectoryState | None = None
+    stage: Stage = Stage.start
+    tests: TestReport | None = None
+    solution: str | None = None
+    verdict: Verdict | None = None
+    timing: Timing = field(default_factory=Timing)
 
 
 class Scheduler:
@@ -62,12 +113,16 @@ class Scheduler:
         self.config = config
         self.meta = dict(meta or {})
         self.progress = Progress()
+        self.guard = UnscoredGuard(config.max_unscored_frac, config.unscored_min_trajectories)
         self._on_trajectory = on_trajectory
         self._slots = asyncio.Semaphore(config.max_trajectories)
 
     async def run(self, tasks: Iterable[Task], *, step: int | None = None) -> AsyncIterator[list[Trajectory]]:
-        """Run G samples of every task; yield each group (ordered by sample index) as soon as it is complete."""
-        done: asyncio.Queue[tuple[str, Trajectory]] = asyncio.Queue()
+        """Run G samples of every task; yield each group (ordered by sample index) as soon as it is complete.
+
+        Total: every trajectory ends in a record or its error is raised here (never a hang). Raises
+        UnscoredLimitError when too many trajectories could not be scored (groups yielded before stay yielded)."""
+        done: asyncio.Queue[tuple[str, Trajectory | BaseException]] = asyncio.Queue()
         groups: dict[str, list[Trajectory]] = {}
         workers: list[asyncio.Task[None]] = []
         for task in tasks:
@@ -78,8 +133,11 @@ class Scheduler:
         self.progress.trajectories_total += len(workers)
         try:
             for _ in range(len(workers)):
-                group_id, traj = await done.get()
-                groups[group_id].append(traj)
+                group_id, result = await done.get()
+                if isinstance(result, BaseException):
+                    raise result
+                groups[group_id].append(result)
+                self.guard.check()
                 if len(groups[group_id]) == self.config.group_size:
                     yield sorted(groups.pop(group_id), key=lambda t: t.sample_index)
         finally:
@@ -88,10 +146,15 @@ class Scheduler:
             await asyncio.gather(*workers, return_exceptions=True)
 
     async def _one(self, task: Task, group_id: str, k: int, step: int | None,
-                   done: asyncio.Queue[tuple[str, Trajectory]]) -> None:
-        async with self._slots:
-            traj = await self.run_one(task, group_id=group_id, sample_index=k, step=step)
-        self._account(traj)
+                   done: asyncio.Queue[tuple[str, Trajectory | BaseException]]) -> None:
+        try:
+            async with self._slots:
+                traj: Trajectory | BaseException = await self.run_one(task, group_id=group_id, sample_index=k,
+                                                                      step=step)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - handed to run(), which raises it to the caller
+            traj = exc
         await done.put((group_id, traj))
 
     async def run_one(self, task: Task, *, group_id: str, sample_index: int, step: int | None = None) -> Trajectory:
@@ -100,62 +163,125 @@ class Scheduler:
         while True:
             traj = await self._attempt(task, group_id, sample_index, attempt, step)
             if traj.status is not Status.infra_error or attempt >= self.config.infra_retries:
+                self._account(traj)
                 return traj
-            log.warning("trajectory %s (task %s) infra error, attempt %d: %s", traj.id, task.id, attempt, traj.error)
+            log.warning("trajectory %s (task %s) infra error [%s], attempt %d: %s", traj.id, task.id,
+                        traj.error_kind, attempt, traj.error)
             attempt += 1
 
     async def _attempt(self, task: Task, group_id: str, k: int, attempt: int, step: int | None) -> Trajectory:
-        traj_id = uuid.uuid4().hex
-        state = self.rollout.start(task)
-        timing = Timing()
+        run = _Attempt(task=task, traj_id=uuid.uuid4().hex)
         t0 = time.perf_counter()
-        tests, solution, error = None, None, None
         try:
-            async with asyncio.timeout(self.config.trajectory_timeout_s + self.config.finalize_timeout_s + 60):
-                async with self.pool.lease() as sandbox:
-                    timing.sandbox_wait_s = time.perf_counter() - t0
-                    tests, solution, timing = await self._in_sandbox(state, task, sandbox, traj_id, timing)
-        except InfraError as exc:
-            state.status, error = Status.infra_error, f"{type(exc).__name__}: {exc}"
-        except TimeoutError:
-            state.status, error = Status.infra_error, "sandbox lease/teardown exceeded its deadline"
-        except Exception as exc:  # an env or engine bug: not the policy's fault, never scored as 0
-            state.status = Status.infra_error
-            error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
-        timing.total_s = time.perf_counter() - t0
+            run.state = self.rollout.start(task)
+            await self._leased(run)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a verdict on the record
+            run.verdict = classify(exc, run.stage, deadline_expired=isinstance(exc, _StageDeadline))
+        run.timing.total_s = time.perf_counter() - t0
         end_session = getattr(self.rollout.engine, "end_session", None)
         if end_session is not None:  # engines with sticky routing forget this trajectory's worker
-            end_session(traj_id)
-        return self._record(task, state, traj_id, group_id, k, attempt, step, tests, solution, error, timing)
+            end_session(run.traj_id)
+        return self._safe_record(run, group_id, k, attempt, step)
 
-    async def _in_sandbox(self, state: TrajectoryState, task: Task, sandbox: Any, traj_id: str,
-                          timing: Timing) -> tuple[Any, str | None, Timing]:
-        env = self.rollout.env
-        t = time.perf_counter()
-        await env.setup(sandbox, task)
-        timing.setup_s = time.perf_counter() - t
+    async def _leased(self, run: _Attempt) -> None:
+        """Lease a sandbox (own deadline), run setup/turns/finalize in it, then return it. A failure inside is
+        classified while the sandbox is still known (the backend is asked what happened to it); teardown failures
+        are logged and never change the verdict."""
+        t0 = time.perf_counter()
+        run.stage = Stage.lease
+        lease = self.pool.lease()
+        sandbox = await _within(self.config.lease_timeout_s, lease.__aenter__(), "lease_timeout_s")
+        run.timing.sandbox_wait_s = time.perf_counter() - t0
         try:
-            async with asyncio.timeout(self.config.trajectory_timeout_s):
-                await self.rollout.run(state, task, sandbox, session_id=traj_id)
-        except TimeoutError:
-            state.status = Status.timeout  # the policy ran out of wall time: scored on what it left behind
-        timing.generation_s, timing.tools_s = state.gen_s, state.tools_s
-        t = time.perf_counter()
-        async with asyncio.timeout(self.config.finalize_timeout_s):
-            tests = await env.finalize(sandbox, task)
-            solution = await env.solution(sandbox, task)
-        timing.finalize_s = time.perf_counter() - t
-        return tests, solution, timing
+            await self._in_sandbox(run, sandbox)
+        except asyncio.CancelledError as exc:
+            await self._teardown(lease, exc)
+            raise
+        except Exception as exc:  # noqa: BLE001
+            run.verdict = await self._verdict(exc, run.stage, sandbox)
+        await self._teardown(lease, None)
 
-    def _record(self, task: Task, state: TrajectoryState, traj_id: str, group_id: str, k: int, attempt: int,
-                step: int | None, tests: Any, solution: str | None, error: str | None, timing: Timing) -> Trajectory:
+    async def _in_sandbox(self, run: _Attempt, sandbox: Any) -> None:
+        env, task, state = self.rollout.env, run.task, run.state
+        assert state is not None  # set by _attempt before the lease
+        run.stage = Stage.setup
+        t = time.perf_counter()
+        await _within(self.config.setup_timeout_s, env.setup(sandbox, task), "setup_timeout_s")
+        run.timing.setup_s = time.perf_counter() - t
+        run.stage = Stage.turns
+        try:
+            await _within(self.config.trajectory_timeout_s,
+                          self.rollout.run(state, task, sandbox, session_id=run.traj_id), "trajectory_timeout_s")
+        except _StageDeadline:
+            state.status = Status.timeout  # the policy ran out of wall time: scored on what it left behind
+        run.timing.generation_s, run.timing.tools_s = state.gen_s, state.tools_s
+        run.stage = Stage.finalize
+        t = time.perf_counter()
+        await _within(self.config.finalize_timeout_s, self._finalize(run, sandbox), "finalize_timeout_s")
+        run.timing.finalize_s = time.perf_counter() - t
+
+    async def _finalize(self, run: _Attempt, sandbox: Any) -> None:
+        env = self.rollout.env
+        kill_all = getattr(sandbox, "kill_all", None)
+        if kill_all is not None:  # nothing the policy left running may touch the grading
+            await kill_all()
+        run.tests = await env.finalize(sandbox, run.task)
+        run.solution = await env.solution(sandbox, run.task)
+
+    async def _verdict(self, exc: Exception, stage: Stage, sandbox: Any) -> Verdict:
+        death = await self._death_facts(exc, sandbox) if isinstance(exc, SandboxDiedError) else None
+        return classify(exc, stage, deadline_expired=isinstance(exc, _StageDeadline), death=death)
+
+    async def _death_facts(self, exc: SandboxDiedError, sandbox: Any) -> DeathFacts:
+        cause = None
+        death_cause = getattr(self.pool, "death_cause", None)
+        if death_cause is not None:
+            try:
+                cause = await asyncio.wait_for(death_cause(sandbox), DEATH_CAUSE_TIMEOUT_S)
+            except Exception as err:  # noqa: BLE001 - unknown cause: decided on the other facts
+                log.warning("sandbox %s: asking the backend why it died failed: %s", sandbox, err)
+        return DeathFacts(in_flight=bool(getattr(exc, "in_flight", False)),
+                          uid_separated=bool(getattr(sandbox, "uid_separated", False)), cause=cause)
+
+    async def _teardown(self, lease: Any, exc: BaseException | None) -> None:
+        args = (type(exc), exc, exc.__traceback__) if exc is not None else (None, None, None)
+        try:
+            await asyncio.wait_for(lease.__aexit__(*args), self.config.teardown_timeout_s)
+        except asyncio.CancelledError:
+            if exc is None:
+                raise
+        except Exception as err:  # noqa: BLE001 - the trajectory's verdict is already decided
+            log.warning("returning a sandbox lease failed (the pool destroys it on exit): %s", err)
+
+    def _safe_record(self, run: _Attempt, group_id: str, k: int, attempt: int, step: int | None) -> Trajectory:
+        """The record of this attempt; if building it fails (a bug), an infra_error record that says why."""
+        try:
+            return self._record(run, group_id, k, attempt, step)
+        except Exception as exc:  # noqa: BLE001
+            log.error("building the record of trajectory %s failed: %s", run.traj_id, exc)
+            run.state = TrajectoryState(prompt_ids=list(run.state.prompt_ids) if run.state else [], messages=[])
+            run.verdict = Verdict(Status.infra_error, "record_failed", f"{type(exc).__name__}: {exc}\n"
+                                  f"{traceback.format_exc(limit=4)}")
+            run.tests = run.solution = None
+            return self._record(run, group_id, k, attempt, step)
+
+    def _record(self, run: _Attempt, group_id: str, k: int, attempt: int, step: int | None) -> Trajectory:
+        state = run.state or TrajectoryState(prompt_ids=[], messages=[])
+        verdict, tests = run.verdict, run.tests
+        if verdict is not None:
+            state.status = verdict.status
+            if verdict.status is Status.policy_error:
+                tests = self.rollout.env.failed_report(run.task, verdict.message)
         infra = state.status is Status.infra_error
         return score(Trajectory(
-            id=traj_id, group_id=group_id, task_id=task.id, env=self.rollout.env.name, status=state.status,
+            id=run.traj_id, group_id=group_id, task_id=run.task.id, env=self.rollout.env.name, status=state.status,
             sample_index=k, attempt=attempt, step=step, prompt_ids=state.prompt_ids,
             completion_ids=state.completion_ids, logprobs=state.logprobs, env_mask=state.env_mask,
             turns=state.turns, tests=None if infra else tests,
-            error=error, solution=solution, drift_count=sum(t.prefix_drift for t in state.turns), timing=timing,
+            error=verdict.message if verdict else None, error_kind=verdict.kind if verdict else None,
+            solution=run.solution, drift_count=sum(t.prefix_drift for t in state.turns), timing=run.timing,
             meta={**self.meta, "group_size": self.config.group_size},
         ))
 
@@ -166,5 +292,23 @@ class Scheduler:
         p.tool_calls += traj.num_tool_calls
         p.tokens += traj.num_model_tokens
         p.infra_errors += traj.status is Status.infra_error
+        p.policy_errors += traj.status is Status.policy_error
+        self.guard.add(traj)
         if self._on_trajectory is not None:
             self._on_trajectory(traj)
+
+
+class _StageDeadline(TimeoutError):
+    """A stage's own deadline fired (not a timeout raised by something inside the stage)."""
+
+
+async def _within(seconds: float, awaitable: Awaitable[T], field_name: str) -> T:
+    """Await `awaitable` under a deadline of its own; on expiry raise _StageDeadline naming the config field."""
+    cm = asyncio.timeout(seconds)
+    try:
+        async with cm:
+            return await awaitable
+    except TimeoutError as exc:
+        if cm.expired():
+            raise _StageDeadline(f"{field_name}={seconds:g}s expired") from exc
+        raise

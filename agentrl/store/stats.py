@@ -40,6 +40,8 @@ def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None
         "truncations": float(sum(t.status in (Status.truncated, Status.context_exhausted) for t in trajs)),
         "timeouts": float(sum(t.status is Status.timeout for t in trajs)),
         "infra_errors": float(sum(t.status is Status.infra_error for t in trajs)),
+        "infra_error_frac": _mean([float(t.status is Status.infra_error) for t in trajs]),
+        "policy_errors": float(sum(t.status is Status.policy_error for t in trajs)),
         "template_drift_turns": float(sum(t.drift_count for t in trajs)),
         "completion_len_mean": _mean([float(len(t.completion_ids)) for t in trajs]),
         "tokens_generated": float(tokens),

@@ -87,6 +87,8 @@ class TrainConfig(_Config):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     max_trajectories: int = Field(default=16, ge=1)
     infra_retries: int = Field(default=2, ge=0)
+    max_unscored_frac: float = Field(default=0.10, ge=0.0, le=1.0)  # more infra_error than this stops training
+    unscored_min_trajectories: int = Field(default=20, ge=1)  # ... once this many trajectories are in
     weight_sync: Literal["local", "disk"] = "local"  # disk: save (LoRA merged) + engine.update_weights(path)
     # -- outputs
     output_dir: Path = Path("runs/train")
@@ -141,6 +143,7 @@ class TrainConfig(_Config):
             env=self.env, env_options=self.env_options, tasks=self.tasks, task_ids=self.task_ids,
             group_size=self.group_size, out=self.trajectories_path, resume=True, seed=self.seed,
             max_trajectories=self.max_trajectories, infra_retries=self.infra_retries, sampling=self.sampling,
+            max_unscored_frac=self.max_unscored_frac, unscored_min_trajectories=self.unscored_min_trajectories,
             budgets=self.budgets, engine=self.engine.model_copy(update={"model": self.model}), sandbox=self.sandbox,
         )
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from agentrl.envs.base import Env, Task
 from agentrl.errors import ConfigError
-from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
+from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig, check_time_needs
 from agentrl.store import TrajectoryStore
 from agentrl.trainer import eval as evaluation
 from agentrl.trainer.callbacks import StepCallback
@@ -136,9 +136,9 @@ class Job:
         self.budgets = budgets_of(cfg, parts.engine)
         self.rollout = Rollout(env=parts.env, engine=parts.engine, renderer=parts.renderer,
                                sampling=self.sampling, budgets=self.budgets)
-        self.sched_cfg = SchedulerConfig(group_size=cfg.group_size, max_trajectories=cfg.max_trajectories,
-                                         trajectory_timeout_s=cfg.budgets.trajectory_timeout_s,
-                                         infra_retries=cfg.infra_retries)
+        self.sched_cfg = SchedulerConfig.from_config(cfg)
+        check_time_needs(parts.env, tool_timeout_s=cfg.budgets.tool_timeout_s,
+                         finalize_timeout_s=cfg.budgets.finalize_timeout_s)
         self.trainer: Any = None
         self.rollout_fn: AgentRollout | None = None
 

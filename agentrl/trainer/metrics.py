@@ -51,6 +51,8 @@ def step_metrics(step: int, trajectories: list[Trajectory], logs: dict[str, Any]
         "time_sync_s": round(sync_s, 4),
         "trajectories": len(trajectories),
         "infra_errors": int(s["infra_errors"]),
+        "infra_error_frac": round(s["infra_error_frac"], 4),
+        "policy_errors": int(s["policy_errors"]),
         "model_tokens": int(s["tokens_generated"]),
         "grad_norm": _opt(logs, "grad_norm"),
         "learning_rate": _opt(logs, "learning_rate"),

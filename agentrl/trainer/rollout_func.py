@@ -129,6 +129,7 @@ class AgentRollout:
         if trajectories is None:
             trajectories = self.loop.run(self._run_step(blocks, step))
         self.store.append_group(trajectories)  # the whole step in one write + fsync
+        self.scheduler.guard.check(where=f"this run (up to step {step})")  # stored first: nothing is lost
         self.steps[step] = StepRollout(step, trajectories, time.perf_counter() - t0, reused)
         return to_trl_batch(trajectories, self.end_id)
 

@@ -111,7 +111,7 @@ def detail(t: Trajectory, limit: int) -> dict[str, Any]:
                  "outcomes": [[o.name, o.passed, trim(o.message, limit)] for o in t.tests.outcomes]}
     return {"id": t.id, "group": t.group_id, "task": t.task_id, "env": t.env, "status": t.status.value,
             "step": t.step, "sample": t.sample_index, "attempt": t.attempt, "reward": finite(t.reward),
-            "error": trim(t.error, limit) if t.error else None,
+            "error": trim(f"[{t.error_kind}] {t.error}" if t.error_kind else t.error, limit) if t.error else None,
             "solution": trim(t.solution, limit) if t.solution else None, "tests": tests,
             "timing": {k: finite(v, 4) for k, v in t.timing.model_dump().items()},
             "meta": trim(json.dumps(t.meta, ensure_ascii=False, default=str), limit),

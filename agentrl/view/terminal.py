@@ -54,7 +54,7 @@ def _header(t: Trajectory) -> Panel:
              f"tool {len(t.completion_ids) - t.num_model_tokens}   template drift turns {t.drift_count}",
              "timing: " + "   ".join(f"{k.removesuffix('_s')} {v:.3f}s" for k, v in t.timing.model_dump().items())]
     if t.error:
-        lines.append(f"error: {t.error}")
+        lines.append(f"error [{t.error_kind}]: {t.error}" if t.error_kind else f"error: {t.error}")
     return Panel(Text("\n".join(lines)), title=Text(f"trajectory {t.id}"), title_align="left")
 
 

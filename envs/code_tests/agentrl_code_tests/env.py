@@ -14,10 +14,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from agentrl.envs import Env, Task, register_env
-from agentrl.types import TestReport, ToolCall, ToolResult
+from agentrl.types import TestOutcome, TestReport, ToolCall, ToolResult
 from agentrl_code_tests.config import parse_options, system_prompt, tool_specs
 from agentrl_code_tests.extract import defines, merge_solution
 from agentrl_code_tests.scoring import (
+    HARNESS_SLACK_S,
     MAIN_FILE,
     SOLUTION_FILE,
     cap,
@@ -30,6 +31,8 @@ from agentrl_code_tests.tasks import load_tasks
 
 if TYPE_CHECKING:
     from agentrl.sandbox.client import Sandbox
+
+IO_SLACK_S = 5.0  # file reads/writes around the runs
 
 
 @register_env("code_tests")
@@ -115,3 +118,11 @@ class CodeTestsEnv(Env):
         await sandbox.write_file(SOLUTION_FILE, solution)
         return await run_harness(sandbox, task.data, solution, task.data["tests"],
                                  timeout_s=self.config.test_timeout_s, budget_s=self.config.test_budget_s)
+
+    def failed_report(self, task: Task, reason: str) -> TestReport:
+        outcomes = [TestOutcome(name=name, passed=False, message=reason) for name, _ in task.data["tests"]]
+        return TestReport(passed=0, total=len(outcomes), outcomes=outcomes, error=reason)
+
+    def time_needs(self) -> dict[str, float]:
+        harness = self.config.test_budget_s + HARNESS_SLACK_S
+        return {"tool_call": self.config.run_timeout_s + harness + IO_SLACK_S, "finalize": harness + IO_SLACK_S}

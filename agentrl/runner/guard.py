@@ -1,0 +1,50 @@
+"""UnscoredGuard: a run notices when too much of it cannot be scored.
+
+Infra errors are excluded from training; a few are noise, many mean the survivors are a biased sample (the hard
+tasks are the ones whose sandboxes time out). The guard counts finished trajectories (after retries) and raises
+`UnscoredLimitError` naming the most common cause once at least `min_trajectories` are in and more than
+`max_frac` of them are infra_error.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from agentrl.errors import UnscoredLimitError
+from agentrl.types import Status, Trajectory
+
+
+@dataclass
+class UnscoredGuard:
+    max_frac: float = 0.10
+    min_trajectories: int = 20
+    total: int = 0
+    causes: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def unscored(self) -> int:
+        return sum(self.causes.values())
+
+    @property
+    def frac(self) -> float:
+        return self.unscored / self.total if self.total else 0.0
+
+    def add(self, traj: Trajectory) -> None:
+        self.total += 1
+        if traj.status is Status.infra_error:
+            self.causes[traj.error_kind or "unknown"] += 1
+
+    def check(self, *, where: str = "this run") -> None:
+        """Raise when the unscored fraction is over the limit (and enough trajectories are in to tell)."""
+        if self.total < self.min_trajectories or self.frac <= self.max_frac:
+            return
+        cause, count = self.causes.most_common(1)[0]
+        raise UnscoredLimitError(
+            f"{self.unscored}/{self.total} trajectories of {where} ({self.frac:.0%}) ended as infra_error, over "
+            f"the limit of {self.max_frac:.0%} (max_unscored_frac); most common cause: {cause} ({count}x). "
+            f"All causes: {dict(self.causes.most_common())}. Fix the cause (agentrl stats / the trajectories' "
+            f"`error` field show details) or raise max_unscored_frac if this rate is expected.")
+
+    def summary(self) -> dict[str, object]:
+        return {"infra_error_frac": round(self.frac, 4), "unscored_causes": dict(self.causes.most_common())}

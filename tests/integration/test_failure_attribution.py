@@ -1,0 +1,202 @@
+"""Failure attribution and totality of the scheduler, end to end: the real runner, real bubblewrap sandboxes, the real
+code_tests env, a scripted model that emits the attack. A policy must not be able to make its episode unscored
+(infra_error) by breaking its sandbox or its grader; a fault of the system must stay infra_error and be retried; no
+failure anywhere may hang `run()`."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+from agentrl.envs import get_env
+from agentrl.errors import EngineUnavailableError, UnscoredLimitError
+from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
+from agentrl.runner import scheduler as scheduler_mod
+from agentrl.sandbox import SandboxPool, SandboxSpec
+from agentrl.testing.scripted import ScriptedEngine
+from agentrl.tools.render import ChatRenderer
+from agentrl.types import SamplingParams, Status, ToolResult
+
+
+def _pool(**kw: Any) -> SandboxPool:
+    return SandboxPool(backend="local", spec=SandboxSpec(default_timeout_s=10), warm=kw.pop("warm", 0),
+                       max_sandboxes=kw.pop("max_sandboxes", 4), run_id=uuid.uuid4().hex[:8], **kw)
+
+
+def _scheduler(env: Any, engine: Any, tok: Any, pool: Any, *, max_turns: int = 2, tool_timeout_s: float = 60.0,
+               **cfg: Any) -> Scheduler:
+    rollout = Rollout(env=env, engine=engine, renderer=ChatRenderer(tok),
+                      sampling=SamplingParams(temperature=1.0, max_new_tokens=512, stop_token_ids=[tok.eos_token_id]),
+                      budgets=Budgets(max_turns=max_turns, max_completion_tokens=4096, context_window=8192,
+                                      tool_timeout_s=tool_timeout_s))
+    return Scheduler(rollout, pool, SchedulerConfig(group_size=cfg.pop("group_size", 1), **cfg))
+
+
+def _code(src: str) -> str:
+    return f"Here is my solution.\n```python\n{src}\n```"
+
+
+@pytest.fixture(scope="module")
+def env() -> Any:
+    return get_env("code_tests", source="easy")
+
+
+@pytest.fixture(scope="module")
+def task(env: Any) -> Any:
+    return next(iter(env.tasks()))
+
+
+def _wrong_answer(task: Any) -> str:
+    """A definition of the entry point that fails every hidden test (returns an object no test expects)."""
+    return f"def {task.data['entry_point']}(*args, **kwargs):\n    return object()"
+
+
+ATTACKS = {
+    "kill_every_process": "import os\nos.kill(-1, 9)",
+    "kill_the_parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
+    "kill_every_pid": "import os\nfor p in range(1, 400):\n    try:\n        os.kill(p, 9)\n    except OSError:\n"
+                      "        pass",
+    "invalid_utf8_solution": "open('solution.py', 'wb').write(b'\\xff\\xfe\\x00 def broken')",
+    "solution_is_a_directory": "import os\nos.remove('solution.py')\nos.mkdir('solution.py')",
+    "solution_is_a_symlink": "import os\nos.remove('solution.py')\nos.symlink('/etc/passwd', 'solution.py')",
+}
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+async def test_a_policy_cannot_make_its_episode_unscored(env: Any, task: Any, smollm2_tokenizer: Any,
+                                                          attack: str) -> None:
+    """The policy first writes a wrong answer, then attacks its sandbox / grader: whatever happens, the episode is
+    scored (0: the wrong answer and the attack earn nothing) and never retried."""
+    replies = [_code(_wrong_answer(task)), _code(ATTACKS[attack])]
+    engine = ScriptedEngine(smollm2_tokenizer, replies)
+    async with _pool() as pool:
+        traj = await _scheduler(env, engine, smollm2_tokenizer, pool, infra_retries=2,
+                                finalize_timeout_s=60).run_one(task, group_id="g", sample_index=0)
+    assert traj.status is not Status.infra_error, f"{attack}: {traj.error_kind} {traj.error}"
+    assert traj.attempt == 0, "a policy outcome is never retried"
+    assert traj.reward == 0.0 and traj.tests is not None and traj.tests.total >= 1
+    if traj.status is Status.policy_error:
+        assert traj.error and traj.error_kind, "the reason is recorded on the trajectory"
+
+
+@pytest.mark.xfail(strict=False, reason="needs the sandbox layer's uid separation (being merged)")
+async def test_sandbox_killed_from_the_host_between_commands_is_infra_and_retried(
+        env: Any, task: Any, smollm2_tokenizer: Any) -> None:
+    """A fault of the system (the sandbox's process tree killed from outside while the model is generating) is
+    infra_error and retried: the policy did not do it (its commands cannot reach the agent)."""
+    pool = _pool()
+    killed: list[str] = []
+
+    def reply(session: str, turn: int, _ids: list[int]) -> str:
+        if turn == 1:
+            for live in list(pool.backend._live.values()):  # the fault: the whole sandbox dies from outside
+                live.proc.kill()
+                killed.append(session)
+        return _code("print('hello')")
+
+    engine = ScriptedEngine(smollm2_tokenizer, reply)
+    async with pool:
+        traj = await _scheduler(env, engine, smollm2_tokenizer, pool, infra_retries=1).run_one(
+            task, group_id="g", sample_index=0)
+    assert killed, "the fault was injected"
+    assert traj.status is Status.infra_error and traj.attempt == 1, (traj.status, traj.error_kind, traj.error)
+    assert traj.reward is None and traj.tests is None, "an infra failure is never scored as 0"
+    assert traj.error_kind and traj.error_kind.startswith("sandbox_died")
+
+
+async def test_tool_call_over_its_budget_is_an_observation(env: Any, task: Any, smollm2_tokenizer: Any,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    slow_env = get_env("code_tests", source="easy")
+
+    async def slow_call(sandbox: Any, call: Any, *, task: Any) -> ToolResult:
+        await asyncio.sleep(30)
+        raise AssertionError("not reached")
+
+    monkeypatch.setattr(slow_env, "call_tool", slow_call)
+    engine = ScriptedEngine(smollm2_tokenizer, [_code("print(1)"), "done"])
+    async with _pool() as pool:
+        traj = await _scheduler(slow_env, engine, smollm2_tokenizer, pool, tool_timeout_s=0.5).run_one(
+            task, group_id="g", sample_index=0)
+    result = traj.turns[0].tool_results[0]
+    assert result.error == "tool_timeout" and result.timed_out
+    assert "0.5s" in traj.turns[0].observation
+    assert traj.status is Status.ok and traj.reward is not None
+
+
+class _BrokenPromptEnv:
+    """An env whose prompt rendering raises (an env bug): recorded as infra_error with its cause, never a hang."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._inner, item)
+
+    def messages(self, task: Any) -> Any:
+        raise KeyError("prompt field missing")
+
+
+async def test_env_bug_in_messages_is_recorded_not_hung(env: Any, task: Any, smollm2_tokenizer: Any) -> None:
+    engine = ScriptedEngine(smollm2_tokenizer, ["no code"])
+    async with _pool() as pool:
+        sched = _scheduler(_BrokenPromptEnv(env), engine, smollm2_tokenizer, pool, infra_retries=0, group_size=2,
+                           max_unscored_frac=1.0)
+        groups = await asyncio.wait_for(_collect(sched.run([task])), 60)
+    (group,) = groups
+    assert [t.status for t in group] == [Status.infra_error] * 2
+    assert {t.error_kind for t in group} == {"prompt_failed"}
+
+
+async def test_scoring_bug_is_recorded_not_hung(env: Any, task: Any, smollm2_tokenizer: Any,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = {"n": 0}
+    real_score = scheduler_mod.score
+
+    def flaky_score(traj: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("scoring exploded")
+        return real_score(traj)
+
+    monkeypatch.setattr(scheduler_mod, "score", flaky_score)
+    engine = ScriptedEngine(smollm2_tokenizer, ["no code"])
+    async with _pool() as pool:
+        sched = _scheduler(env, engine, smollm2_tokenizer, pool, infra_retries=0, max_unscored_frac=1.0)
+        (group,) = await asyncio.wait_for(_collect(sched.run([task])), 60)
+    assert group[0].status is Status.infra_error and group[0].error_kind == "record_failed"
+    assert "scoring exploded" in (group[0].error or "")
+
+
+async def test_an_unexpected_error_is_raised_to_the_caller_not_hung(env: Any, task: Any, smollm2_tokenizer: Any,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    async def broken_attempt(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("bug in the scheduler itself")
+
+    engine = ScriptedEngine(smollm2_tokenizer, ["no code"])
+    async with _pool() as pool:
+        sched = _scheduler(env, engine, smollm2_tokenizer, pool, group_size=2)
+        monkeypatch.setattr(sched, "_attempt", broken_attempt)
+        with pytest.raises(RuntimeError, match="bug in the scheduler itself"):
+            await asyncio.wait_for(_collect(sched.run([task])), 60)
+
+
+class _DownEngine(ScriptedEngine):
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        raise EngineUnavailableError("connection refused")
+
+
+async def test_run_stops_when_too_much_is_unscored(env: Any, smollm2_tokenizer: Any) -> None:
+    tasks = list(env.tasks())[:4]
+    engine = _DownEngine(smollm2_tokenizer, ["x"])
+    async with _pool() as pool:
+        sched = _scheduler(env, engine, smollm2_tokenizer, pool, infra_retries=0, group_size=2,
+                           max_unscored_frac=0.10, unscored_min_trajectories=3)
+        with pytest.raises(UnscoredLimitError, match=r"most common cause: engine"):
+            await asyncio.wait_for(_collect(sched.run(tasks)), 120)
+
+
+async def _collect(gen: Any) -> list[Any]:
+    return [g async for g in gen]

@@ -1,0 +1,100 @@
+"""Failure attribution rules (agentrl.runner.attribution): infra_error only where the system can prove the policy is
+not to blame; everything the policy can provoke is scored. And the unscored-fraction guard."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.errors import (
+    EngineUnavailableError,
+    SandboxDiedError,
+    SandboxError,
+    SandboxStartError,
+    UnscoredLimitError,
+)
+from agentrl.runner.attribution import DeathFacts, Stage, classify
+from agentrl.runner.guard import UnscoredGuard
+from agentrl.types import Status, Trajectory
+
+DIED = SandboxDiedError("agent stopped answering")
+
+
+@pytest.mark.parametrize("stage", list(Stage))
+def test_engine_failure_is_infra_in_every_stage(stage: Stage) -> None:
+    v = classify(EngineUnavailableError("down"), stage)
+    assert v.status is Status.infra_error and v.kind == "engine"
+
+
+@pytest.mark.parametrize(("stage", "exc", "expired", "kind"), [
+    (Stage.start, ValueError("template"), False, "prompt_failed"),
+    (Stage.lease, SandboxStartError("no bwrap"), False, "sandbox_start"),
+    (Stage.lease, TimeoutError(), True, "lease_timeout"),
+    (Stage.setup, DIED, False, "setup_failed"),
+    (Stage.setup, TimeoutError(), True, "setup_timeout"),
+])
+def test_failures_before_the_policy_acts_are_infra(stage: Stage, exc: Exception, expired: bool, kind: str) -> None:
+    v = classify(exc, stage, deadline_expired=expired)
+    assert (v.status, v.kind) == (Status.infra_error, kind)
+
+
+@pytest.mark.parametrize("stage", [Stage.turns, Stage.finalize])
+@pytest.mark.parametrize("cause", ["deleted", "evicted"])
+def test_sandbox_lost_from_outside_is_infra_even_during_a_command(stage: Stage, cause: str) -> None:
+    v = classify(DIED, stage, death=DeathFacts(in_flight=True, uid_separated=False, cause=cause))
+    assert v.status is Status.infra_error and v.kind == f"sandbox_lost:{cause}"
+
+
+@pytest.mark.parametrize("stage", [Stage.turns, Stage.finalize])
+@pytest.mark.parametrize("cause", [None, "oom", "signal:9", "exited:0"])
+def test_death_during_a_policy_command_is_the_policys(stage: Stage, cause: str | None) -> None:
+    v = classify(DIED, stage, death=DeathFacts(in_flight=True, uid_separated=True, cause=cause))
+    assert v.status is Status.policy_error and v.kind.startswith("sandbox_died_in_command")
+
+
+def test_death_between_commands_depends_on_uid_separation() -> None:
+    separated = classify(DIED, Stage.turns, death=DeathFacts(in_flight=False, uid_separated=True, cause="signal:9"))
+    assert separated.status is Status.infra_error and separated.kind == "sandbox_died:signal:9"
+    shared = classify(DIED, Stage.turns, death=DeathFacts(in_flight=False, uid_separated=False, cause=None))
+    assert shared.status is Status.policy_error, "a single-uid sandbox's agent can be killed by a policy daemon"
+
+
+def test_death_without_facts_is_charged_to_the_policy() -> None:
+    assert classify(DIED, Stage.turns).status is Status.policy_error
+
+
+def test_finalize_failures_are_the_policys() -> None:
+    timeout = classify(TimeoutError(), Stage.finalize, deadline_expired=True)
+    assert (timeout.status, timeout.kind) == (Status.policy_error, "finalize_timeout")
+    decode = classify(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"), Stage.finalize)
+    assert (decode.status, decode.kind) == (Status.policy_error, "finalize_failed")
+
+
+def test_agent_errors_and_our_bugs_in_turns_are_infra() -> None:
+    assert classify(SandboxError("500"), Stage.turns).kind == "sandbox_error"
+    v = classify(KeyError("x"), Stage.turns)
+    assert (v.status, v.kind) == (Status.infra_error, "internal_error")
+
+
+def _traj(status: Status, kind: str | None = None) -> Trajectory:
+    return Trajectory(id="t", group_id="g", task_id="x", env="e", status=status, prompt_ids=[1], error_kind=kind)
+
+
+def test_guard_waits_for_enough_trajectories_then_names_the_most_common_cause() -> None:
+    guard = UnscoredGuard(max_frac=0.10, min_trajectories=10)
+    for kind in ["engine", "engine", "lease_timeout"]:
+        guard.add(_traj(Status.infra_error, kind))
+        guard.check()  # fewer than 10 in: cannot tell yet
+    for _ in range(6):
+        guard.add(_traj(Status.ok))
+    guard.check()
+    guard.add(_traj(Status.policy_error, "finalize_failed"))  # scored: not unscored
+    with pytest.raises(UnscoredLimitError, match=r"3/10 .*most common cause: engine \(2x\)"):
+        guard.check()
+
+
+def test_guard_allows_the_limit_itself() -> None:
+    guard = UnscoredGuard(max_frac=0.25, min_trajectories=4)
+    for status in (Status.infra_error, Status.ok, Status.ok, Status.ok):
+        guard.add(_traj(status, "engine"))
+    guard.check()
+    assert guard.summary() == {"infra_error_frac": 0.25, "unscored_causes": {"engine": 1}}
