@@ -125,14 +125,18 @@ ATTACKS: dict[str, list[str]] = {
 }
 
 
-def _reply_for(attacks: list[list[str]]) -> Any:
-    """Each new session (trajectory) takes the next attack; its turns are the attack's code blocks, then 'done'."""
-    assigned: dict[str, int] = {}
+def _reply_for(names: list[str]) -> Any:
+    """Each new session (trajectory) takes the next attack; its turns are the attack's code blocks (the first one
+    tagged with the attack's name), then 'done'."""
+    assigned: dict[str, str] = {}
 
     def reply(session: str, turn: int, _ids: list[int]) -> str:
-        idx = assigned.setdefault(session, len(assigned) % len(attacks))
-        blocks = attacks[idx]
-        return f"```python\n{blocks[turn]}\n```" if turn < len(blocks) else "I am done."
+        name = assigned.setdefault(session, names[len(assigned) % len(names)])
+        blocks = ATTACKS[name]
+        if turn >= len(blocks):
+            return "I am done."
+        tag = f"# attack: {name}\n" if turn == 0 else ""
+        return f"```python\n{tag}{blocks[turn]}\n```"
 
     return reply
 
@@ -141,7 +145,7 @@ def _reply_for(attacks: list[list[str]]) -> Any:
 async def test_every_attack_scores_zero_through_a_real_rollout(tmp_path: Path, smollm2_path: Path,
                                                                smollm2_tokenizer: Any) -> None:
     names = sorted(ATTACKS)
-    engine = ScriptedEngine(smollm2_tokenizer, _reply_for([ATTACKS[n] for n in names]))
+    engine = ScriptedEngine(smollm2_tokenizer, _reply_for(names))
     server = StandInServer(StandIn(engine, model_path=smollm2_path, validator=contract_validator(),
                                    worker_id="scripted"))
     url = await server.start()
@@ -166,7 +170,7 @@ async def test_every_attack_scores_zero_through_a_real_rollout(tmp_path: Path, s
 
 def _attack_of(traj: dict[str, Any], names: list[str]) -> str:
     first = traj["turns"][0]["text"]
-    return next(n for n in names if ATTACKS[n][0] in first)
+    return next(n for n in names if f"# attack: {n}\n" in first)
 
 
 async def _run(cmd: list[str]) -> tuple[int, str]:
