@@ -274,8 +274,8 @@ class VLLMEngine:
         logprobs = self._logprobs(choice, ids, url) if reason != "abort" else [float("nan")] * len(ids)
         spans = choice.get("weight_versions")
         if reason != "abort" and ids and not spans:
-            raise EngineError(f"vLLM {url} returned no weight_versions: agentrl needs vLLM >= {VLLM_VERSION} "
-                              "(return_weight_versions) to tag every turn with the weights that produced it")
+            raise EngineError(f"vLLM {url} returned no weight_versions: agentrl needs a vLLM with "
+                              f"return_weight_versions ({VLLM_VERSION} has it) to tag every turn with its weights")
         labels = list(dict.fromkeys(str(s.get("version")) for s in spans or []))
         if len(labels) > 1:
             reason = "abort"  # weights changed mid-generation: never stored as one turn, re-run
