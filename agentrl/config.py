@@ -65,7 +65,33 @@ class SGLangEngineConfig(_Config):
         return self
 
 
-EngineConfig = Annotated[LocalEngineConfig | SGLangEngineConfig, Field(discriminator="type")]
+class VLLMEngineConfig(_Config):
+    """vLLM server(s) over HTTP (`agentrl.engine.vllm`; `vllm serve`, VLLM_SERVER_DEV_MODE=1 for weight sync).
+    agentrl routes each trajectory to one of `urls`, sticky, so its later turns reuse that server's prefix cache."""
+
+    type: Literal["vllm"] = "vllm"
+    urls: list[str] = Field(min_length=1)
+    model: str | None = None  # local copy of the served checkpoint (tokenizer); None: /v1/models' root
+    context_window: int | None = Field(default=None, ge=64)  # None: the servers' max_model_len / the model config
+    max_connections: int = Field(default=256, ge=1)
+    request_timeout_s: float = Field(default=600.0, gt=0)  # one /v1/completions, whole answer
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    control_timeout_s: float = Field(default=600.0, gt=0)  # reload_weights, pause/resume, metadata
+    retries: int = Field(default=3, ge=0)  # re-submissions after a transient failure or an aborted generation
+    retry_backoff_s: float = Field(default=0.5, ge=0)
+    pause_mode: Literal["abort", "wait"] = "abort"  # /pause mode during a weight update
+    max_sessions: int = Field(default=100_000, ge=1)  # sticky session pins kept (LRU)
+
+    @field_validator("urls")
+    @classmethod
+    def _http(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http(s) URL, e.g. http://127.0.0.1:8000")
+        return urls
+
+
+EngineConfig = Annotated[LocalEngineConfig | SGLangEngineConfig | VLLMEngineConfig, Field(discriminator="type")]
 
 
 class LocalSandboxConfig(_Config):

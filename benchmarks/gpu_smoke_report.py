@@ -1,8 +1,10 @@
 """GPU smoke check, the Python half of `gpu_smoke.sh`: weight update on every worker, and the numbers to print.
 
     python benchmarks/gpu_smoke_report.py update --url URL [--url URL ...] --model DIR --out DIR --version N
+                                                 [--engine sglang|vllm]
         Saves DIR's weights (slightly perturbed, so a landed update changes outputs) to --out with
-        save_pretrained, then `SGLangEngine.update_weights(out, N)`; checks /model_info reports N on every worker.
+        save_pretrained, then `SGLangEngine.update_weights(out, N)` (checks /model_info reports N on every worker)
+        or `VLLMEngine.update_weights(out, N)` (pause, reload_weights, reset cache, label; checks /weight_info).
 
     python benchmarks/gpu_smoke_report.py report --model DIR --summary S.json --rollout A.jsonl [--rollout B.jsonl]
         Prints tokens/s, the cached-token ratio of turns after the first, the weight versions seen, and the logprob
@@ -26,6 +28,7 @@ def update(a: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentrl.engine.sglang import SGLangEngine, checkpoint_facts
+    from agentrl.engine.vllm import VLLMEngine
 
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -37,9 +40,12 @@ def update(a: argparse.Namespace) -> None:
     eos, window = checkpoint_facts(a.model)
 
     async def run() -> dict[str, Any]:
-        engine = SGLangEngine(urls=a.url, eos_token_ids=eos, context_window=window, model_path=str(a.model))
+        cls = VLLMEngine if a.engine == "vllm" else SGLangEngine
+        engine = cls(urls=a.url, eos_token_ids=eos, context_window=window, model_path=str(a.model))
         try:
             await engine.update_weights(str(a.out), a.version)
+            if isinstance(engine, VLLMEngine):
+                return await engine.weight_infos()
             return await engine.model_infos()
         finally:
             await engine.close()
@@ -104,6 +110,7 @@ def main() -> None:
     u.add_argument("--out", type=Path, required=True)
     u.add_argument("--version", type=int, default=1)
     u.add_argument("--noise", type=float, default=0.01, help="relative weight perturbation")
+    u.add_argument("--engine", choices=["sglang", "vllm"], default="sglang")
     u.set_defaults(func=update)
     r = sub.add_parser("report")
     r.add_argument("--model", required=True)

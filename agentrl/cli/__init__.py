@@ -5,7 +5,8 @@
     agentrl envs list
     agentrl envs check NAME [--solutions FILE.jsonl] [--sandbox BACKEND] [--json FILE]
     agentrl sandbox gc [--backend local|docker] [--all]
-    agentrl engine serve --model PATH --port N [--host 127.0.0.1]   (stand-in SGLang server over the local engine)
+    agentrl engine serve --model PATH --port N [--host 127.0.0.1] [--api sglang|vllm]
+                                                  (stand-in SGLang / vLLM server over the local engine)
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ def _add_rollout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="trajectory JSONL file to write (default trajectories.jsonl)")
     p.add_argument("--resume", action="store_true", default=None, help="continue --out, skipping finished tasks")
     p.add_argument("--model", help="HF checkpoint dir (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--engine", choices=["local", "sglang"], help="generation engine (default local)")
+    p.add_argument("--engine", choices=["local", "sglang", "vllm"], help="generation engine (default local)")
     p.add_argument("--engine-url", action="append", dest="engine_urls", metavar="URL",
-                   help="SGLang worker URL (repeatable; implies --engine sglang)")
+                   help="SGLang worker or vLLM server URL (repeatable; implies --engine sglang unless --engine vllm)")
     p.add_argument("--router-url", metavar="URL", help="sglang-router URL (--policy manual; implies --engine sglang)")
     p.add_argument("--sandbox", choices=["local", "docker", "kubernetes"], help="sandbox backend (default local)")
     p.add_argument("--unsafe-no-isolation", action="store_true", default=None,
@@ -119,6 +120,14 @@ def _cmd_sandbox_gc(a: argparse.Namespace) -> int:
 
 
 def _cmd_engine_serve(a: argparse.Namespace) -> int:
+    if a.api == "vllm":
+        from agentrl.engine.vllm_standin import serve as serve_vllm
+
+        if a.echo or a.weight_version != "default":
+            raise ConfigError("engine serve --api vllm: --echo and --weight-version are SGLang stand-in options")
+        return _run_cancellable(serve_vllm(a.model, host=a.host, port=a.port, worker_id=a.worker_id,
+                                           max_batch_size=a.max_batch_size, context_window=a.context_window,
+                                           seed=a.seed))
     from agentrl.engine.standin import serve
 
     return _run_cancellable(serve(a.model, host=a.host, port=a.port, worker_id=a.worker_id,
@@ -128,8 +137,9 @@ def _cmd_engine_serve(a: argparse.Namespace) -> int:
 
 def _add_engine_commands(sub: Any) -> None:
     eng = sub.add_parser("engine", help="generation servers").add_subparsers(dest="engine_cmd", required=True)
-    s = eng.add_parser("serve", help="stand-in SGLang server (native API subset) over the local engine, for CPU "
-                                     "tests and laptops")
+    s = eng.add_parser("serve", help="stand-in SGLang (native API subset) or vLLM (/v1/completions + dev control "
+                                     "endpoints) server over the local engine, for CPU tests and laptops")
+    s.add_argument("--api", choices=["sglang", "vllm"], default="sglang", help="which server to imitate")
     s.add_argument("--model", help="HF checkpoint dir (default: the embedded SmolLM2-135M-Instruct)")
     s.add_argument("--port", type=int, default=30000)
     s.add_argument("--host", default="127.0.0.1")

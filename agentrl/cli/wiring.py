@@ -69,6 +69,8 @@ def make_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path]:
 
     if cfg.engine.type == "sglang":
         return make_sglang_engine_and_tokenizer(cfg)
+    if cfg.engine.type == "vllm":
+        return make_vllm_engine_and_tokenizer(cfg)
 
     from agentrl.engine.local import LocalEngine
     from agentrl.engine.models import resolve_model
@@ -105,6 +107,35 @@ def make_sglang_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path
         model_path=str(path), max_connections=e.max_connections, request_timeout_s=e.request_timeout_s,
         connect_timeout_s=e.connect_timeout_s, control_timeout_s=e.control_timeout_s, retries=e.retries,
         retry_backoff_s=e.retry_backoff_s, weight_update=e.weight_update, max_sessions=e.max_sessions)
+    return engine, tokenizer, path
+
+
+def make_vllm_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path]:
+    """vLLM engine; the tokenizer comes from engine.model (a local copy of the served checkpoint) or, if unset, from
+    the `root` path GET /v1/models reports, which must then be readable here too. Start-up only (blocking)."""
+    from transformers import AutoTokenizer
+
+    from agentrl.engine.models import resolve_model
+    from agentrl.engine.sglang import checkpoint_facts
+    from agentrl.engine.vllm import VLLMEngine, read_served_model
+
+    e = cfg.engine
+    served = None
+    if e.model is not None:
+        path = resolve_model(e.model)
+    else:
+        served, root = read_served_model(e.urls[0])
+        if not root or not Path(root).is_dir():
+            raise ConfigError(f"the vLLM server serves {served!r} from {root!r}, not a directory on this machine: "
+                              "pass --model with a local copy of the served checkpoint (engine.model)")
+        path = Path(root)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    eos, window = checkpoint_facts(path)
+    engine = VLLMEngine(
+        urls=e.urls, eos_token_ids=eos, context_window=e.context_window or window, model_path=str(path),
+        served_model=served, max_connections=e.max_connections, request_timeout_s=e.request_timeout_s,
+        connect_timeout_s=e.connect_timeout_s, control_timeout_s=e.control_timeout_s, retries=e.retries,
+        retry_backoff_s=e.retry_backoff_s, pause_mode=e.pause_mode, max_sessions=e.max_sessions)
     return engine, tokenizer, path
 
 

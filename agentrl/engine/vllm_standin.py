@@ -1,0 +1,329 @@
+"""Stand-in vLLM server: the subset of vLLM 0.33.0's HTTP API that agentrl's `vllm` engine uses, over the LocalEngine.
+
+Owns: an aiohttp.web app that answers like `VLLM_SERVER_DEV_MODE=1 vllm serve` (same paths, bodies, status codes,
+error shape {"error": {"message", "type", "param", "code"}}), so the `vllm` engine and the weight-sync path are
+exercised on a CPU. Every `/v1/completions` body is judged by vLLM's own request models (`vllm_contract.py`:
+CompletionRequest + SamplingParams verification) before anything runs. Does not own generation (LocalEngine), the
+contract, or the TCP server (`standin.StandInServer`, shared with the SGLang stand-in).
+
+    POST /v1/completions        token-id prompt only, n=1, non-streamed; logprobs 0, return_token_ids,
+                                return_tokens_as_token_ids, return_weight_versions; usage.prompt_tokens_details
+    GET  /v1/models, /version, /health
+    POST /pause?mode=abort|wait|keep, /resume; GET /is_paused    abort: in-flight requests end with finish "abort";
+                                while paused (abort, wait) new requests get 503, like vLLM's RetryableRequestError
+    POST /collective_rpc        only {"method": "reload_weights", "kwargs": {"weights_path": ...}}
+    POST /reset_prefix_cache    {"success": false} while requests run
+    POST /update_weight_version, GET /weight_info, POST /abort_requests
+    GET  /agentrl/requests      this stand-in's request log (request_id, session, cached tokens, version, ...)
+
+Differences from vLLM, on purpose: unknown request fields are refused (vLLM ignores them: see vllm_contract.py);
+the prefix cache is per session (`session_id` / X-Session-ID) instead of global; an aborted request returns no
+partial tokens; sampling features the LocalEngine lacks (penalties, min_p, stop strings, logit_bias...) are refused
+with a 400 naming them rather than ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from agentrl.engine.standin import StandInServer, _json_object
+from agentrl.engine.vllm_contract import VLLM_VERSION, CompletionValidator
+from agentrl.errors import ConfigError
+from agentrl.types import Generation, SamplingParams
+
+log = logging.getLogger("agentrl.engine.vllm_standin")
+
+SESSION_HEADER = "X-Session-ID"
+#: CompletionRequest fields the stand-in honours, with the values at which it can serve them (others: refused)
+_NEUTRAL = {"n": 1, "echo": False, "stream": False, "min_p": 0.0, "repetition_penalty": 1.0,
+            "presence_penalty": 0.0, "frequency_penalty": 0.0, "ignore_eos": False, "min_tokens": 0,
+            "use_beam_search": False, "include_stop_str_in_output": False, "length_penalty": 1.0, "priority": 0,
+            "skip_special_tokens": False, "add_special_tokens": False, "spaces_between_special_tokens": True}
+_HONOURED = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids", "logprobs",
+             "return_token_ids", "return_tokens_as_token_ids", "return_weight_versions", "request_id", "session_id",
+             "stop", "bad_words", *_NEUTRAL}
+_EMPTY_OK = {"stop": ([], None, ""), "bad_words": ([], None)}
+
+__all__ = ["VLLMStandIn", "StandInServer", "serve"]
+
+
+@dataclass(eq=False)
+class _InFlight:
+    request_id: str
+    task: asyncio.Task[Generation]
+    aborted: bool = False
+
+
+class VLLMStandIn:
+    """The app's state. `engine` is a LocalEngine."""
+
+    def __init__(self, engine: Any, *, model_path: str | Path, validator: CompletionValidator, worker_id: str,
+                 served_model: str | None = None, tokenizer: Any = None, context_window: int | None = None,
+                 prompt_tokens_details: bool = True, max_log: int = 100_000) -> None:
+        self.engine = engine
+        self.model_path = str(model_path)
+        self.served_model = served_model or self.model_path
+        self.validator = validator
+        self.worker_id = worker_id
+        self.tokenizer = tokenizer
+        self.prompt_tokens_details = prompt_tokens_details  # vLLM's --enable-prompt-tokens-details
+        self.context_window = context_window or engine.context_window
+        self.request_log: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_log)
+        self.label = "default"
+        self._labels: dict[int, str] = {engine.weight_version: self.label}
+        self._inflight: dict[str, _InFlight] = {}
+        self._paused: str | None = None  # the pause mode while paused
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=512 * 2**20)
+        r = app.router
+        r.add_post("/v1/completions", self.completions)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/version", self.version)
+        r.add_get("/health", self.health)
+        r.add_post("/pause", self.pause)
+        r.add_post("/resume", self.resume)
+        r.add_get("/is_paused", self.is_paused)
+        r.add_post("/collective_rpc", self.collective_rpc)
+        r.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        r.add_post("/update_weight_version", self.update_weight_version)
+        r.add_get("/weight_info", self.weight_info)
+        r.add_post("/abort_requests", self.abort_requests)
+        r.add_get("/agentrl/requests", self.requests)
+        return app
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    # ------------------------------------------------------------------------------------------- completions
+    async def completions(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            return _error(f"the request body is not JSON: {exc}")
+        verdict = self.validator.check(body, self.context_window)
+        if verdict is not None:
+            return _error(verdict[1], status=verdict[0])  # vLLM's own gate (+ unknown fields refused)
+        try:
+            ids, sampling = self._admit(body)
+        except ValueError as exc:
+            return _error(str(exc))
+        if self._paused in ("abort", "wait"):
+            return _error("Generation is paused; please retry", status=503, err_type="ServiceUnavailableError")
+        await self._resumed.wait()  # pause mode "keep": queued until /resume
+        session = body.get("session_id") or request.headers.get(SESSION_HEADER) or uuid.uuid4().hex
+        request_id = str(body.get("request_id") or uuid.uuid4().hex)
+        entry = _InFlight(request_id, asyncio.ensure_future(self.engine.generate(ids, sampling, session_id=session)))
+        self._inflight[request_id] = entry
+        try:
+            await asyncio.wait({entry.task})
+        finally:
+            self._inflight.pop(request_id, None)
+            if not entry.task.done():  # the client went away: stop generating for it (vLLM does the same)
+                entry.task.cancel()
+        if entry.task.cancelled():
+            gen = Generation(output_ids=[], logprobs=[], finish_reason="abort",
+                             weight_version=self.engine.weight_version)
+        elif entry.task.exception() is not None:
+            exc = entry.task.exception()
+            return _error(str(exc), status=400 if isinstance(exc, ConfigError) else 500,
+                          err_type="BadRequestError" if isinstance(exc, ConfigError) else "InternalServerError")
+        else:
+            gen = entry.task.result()
+        return web.json_response(self._answer(body, request_id, session, ids, gen))
+
+    def _admit(self, body: dict[str, Any]) -> tuple[list[int], SamplingParams]:
+        """What the stand-in can serve, after vLLM's own checks passed."""
+        refused = sorted(k for k in body if k not in _HONOURED)
+        refused += sorted(k for k, v in _NEUTRAL.items() if body.get(k) not in (None, v))
+        refused += sorted(k for k, ok in _EMPTY_OK.items() if body.get(k) not in ok)
+        if refused:
+            raise ValueError(f"the agentrl stand-in does not implement {refused}")
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
+            raise ValueError("the stand-in takes one non-empty token-id prompt (a list of ints): token in only")
+        if body.get("logprobs") not in (None, 0):
+            raise ValueError("the stand-in returns the sampled token's logprob only: send logprobs=0")
+        max_tokens = 16 if body.get("max_tokens") is None else int(body["max_tokens"])
+        self._check_context(len(prompt), max_tokens)
+        temperature = 1.0 if body.get("temperature") is None else float(body["temperature"])
+        top_k = body.get("top_k") or 0
+        return list(prompt), SamplingParams(
+            temperature=0.0 if temperature < 1e-5 else temperature,
+            top_p=1.0 if body.get("top_p") is None else float(body["top_p"]),
+            top_k=0 if top_k in (0, -1) else int(top_k), max_new_tokens=max_tokens,
+            stop_token_ids=list(body.get("stop_token_ids") or []), seed=body.get("seed"))
+
+    def _check_context(self, n_prompt: int, max_tokens: int) -> None:
+        """vLLM's messages (renderers/params.py) for a prompt that leaves no room for max_tokens."""
+        ctx = self.context_window
+        if n_prompt + max_tokens > ctx:
+            raise ValueError(
+                f"This model's maximum context length is {ctx} tokens. However, your prompt contains {n_prompt} "
+                f"input tokens and you requested {max_tokens} output tokens. Please reduce the length of the input "
+                "prompt or the number of requested output tokens.")
+
+    def _answer(self, body: dict[str, Any], request_id: str, session: str, ids: list[int],
+                gen: Generation) -> dict[str, Any]:
+        label = self._labels.get(gen.weight_version, self.label)
+        out = list(gen.output_ids)
+        choice: dict[str, Any] = {
+            "index": 0, "text": self.tokenizer.decode(out) if self.tokenizer is not None and out else "",
+            "finish_reason": gen.finish_reason,
+            "stop_reason": out[-1] if gen.finish_reason == "stop" and out[-1] in (body.get("stop_token_ids") or [])
+            else None,
+            "logprobs": None, "prompt_logprobs": None,
+            "token_ids": out if body.get("return_token_ids") else None,
+            "prompt_token_ids": ids if body.get("return_token_ids") else None,
+            "weight_versions": [{"version": label, "start": 0, "end": len(out)}] if body.get(
+                "return_weight_versions") and out else ([] if body.get("return_weight_versions") else None),
+        }
+        if body.get("logprobs") is not None:
+            as_ids = bool(body.get("return_tokens_as_token_ids"))
+            tokens = [f"token_id:{t}" if as_ids or self.tokenizer is None else self.tokenizer.decode([t]) for t in out]
+            choice["logprobs"] = {"text_offset": [], "token_logprobs": list(gen.logprobs), "tokens": tokens,
+                                  "top_logprobs": [{tok: lp} for tok, lp in zip(tokens, gen.logprobs)]}
+        usage: dict[str, Any] = {"prompt_tokens": len(ids), "completion_tokens": len(out),
+                                 "total_tokens": len(ids) + len(out), "prompt_tokens_details": None}
+        if self.prompt_tokens_details:
+            usage["prompt_tokens_details"] = {"cached_tokens": gen.cached_tokens}
+        self._record(request_id, session, ids, gen, label)
+        return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": int(time.time()),
+                "model": self.served_model, "choices": [choice], "usage": usage}
+
+    def _record(self, request_id: str, session: str, ids: list[int], gen: Generation, label: str) -> None:
+        self.request_log.append({"request_id": request_id, "worker": self.worker_id, "session": session,
+                                 "prompt_tokens": len(ids), "cached_tokens": gen.cached_tokens,
+                                 "completion_tokens": len(gen.output_ids), "finish": gen.finish_reason,
+                                 "weight_version": label})
+
+    # ------------------------------------------------------------------------------------------- control
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": VLLM_VERSION})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def is_paused(self, request: web.Request) -> web.Response:
+        return web.json_response({"is_paused": self._paused is not None})
+
+    async def weight_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.label})
+
+    async def requests(self, request: web.Request) -> web.Response:
+        return web.json_response(list(self.request_log))
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {"id": self.served_model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+                "root": self.model_path, "parent": None, "max_model_len": self.context_window, "permission": []}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def pause(self, request: web.Request) -> web.Response:
+        mode = request.query.get("mode", "abort")
+        if mode not in ("abort", "wait", "keep"):
+            return _error(f"Invalid pause mode {mode!r}; expected one of abort, wait, keep")
+        self._paused = mode
+        self._resumed.clear()
+        if mode == "abort":
+            self._abort(None)
+        elif mode == "wait":
+            while self._inflight:
+                await asyncio.wait({e.task for e in self._inflight.values()})
+                await asyncio.sleep(0)
+        return web.json_response({"status": "paused"})
+
+    async def resume(self, request: web.Request) -> web.Response:
+        self._paused = None
+        self._resumed.set()
+        return web.json_response({"status": "resumed"})
+
+    async def abort_requests(self, request: web.Request) -> web.Response:
+        ids = (await _json_object(request)).get("request_ids") or None
+        n = self._abort(set(ids) if ids else None)
+        return web.json_response({"status": "aborted", "aborted": n})
+
+    def _abort(self, request_ids: set[str] | None) -> int:
+        n = 0
+        for entry in list(self._inflight.values()):
+            if request_ids is None or entry.request_id in request_ids:
+                entry.aborted = True
+                entry.task.cancel()
+                n += 1
+        return n
+
+    async def collective_rpc(self, request: web.Request) -> web.Response:
+        body = await _json_object(request)
+        if body.get("method") != "reload_weights":
+            return _error(f"the agentrl stand-in only serves collective_rpc method 'reload_weights', got "
+                          f"{body.get('method')!r}")
+        path = (body.get("kwargs") or {}).get("weights_path")
+        if not isinstance(path, str):
+            return _error("kwargs.weights_path (a string) is required")
+        version = max(self._labels) + 1
+        try:
+            await self.engine.update_weights(path, version)
+        except Exception as exc:  # noqa: BLE001 - reported like vLLM: a 500 with the worker's error
+            return _error(f"reload_weights failed: {exc}", status=500, err_type="InternalServerError")
+        self._labels[version] = self.label  # relabelled by /update_weight_version
+        return web.json_response({"results": [None]})
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        if self._inflight:
+            return web.json_response({"success": False})
+        await self.engine.update_weights(self.engine.model, self.engine.weight_version)  # clears the prefix cache
+        return web.json_response({"success": True})
+
+    async def update_weight_version(self, request: web.Request) -> web.Response:
+        new = (await _json_object(request)).get("new_version")
+        if not isinstance(new, str):
+            return _error("new_version (a string) is required", status=422, err_type="UnprocessableEntityError")
+        self.label = new
+        self._labels[self.engine.weight_version] = new
+        return web.json_response({"success": True, "new_version": new})
+
+
+def _error(message: str, status: int = 400, err_type: str = "BadRequestError") -> web.Response:
+    """vLLM's ErrorResponse."""
+    return web.json_response({"error": {"message": message, "type": err_type, "param": None, "code": status}},
+                             status=status)
+
+
+async def serve(model: str | None, *, host: str = "127.0.0.1", port: int = 8000, worker_id: str | None = None,
+                max_batch_size: int = 16, context_window: int | None = None, seed: int | None = None) -> None:
+    """`agentrl engine serve --api vllm`: load the model, serve until cancelled, then close the engine."""
+    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.models import resolve_model
+    from agentrl.engine.vllm_contract import completion_validator
+
+    path = resolve_model(model)
+    validator = await asyncio.to_thread(completion_validator)
+    if not validator.is_real:
+        log.warning("vLLM stand-in: %s; /v1/completions bodies are checked by a hand-written subset", validator.source)
+    engine = await asyncio.to_thread(LocalEngine, path, max_batch_size=max_batch_size, context_window=context_window,
+                                     seed=seed)
+    from transformers import AutoTokenizer
+
+    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, path)
+    standin = VLLMStandIn(engine, model_path=path, validator=validator, worker_id=worker_id or f"{host}:{port}",
+                          tokenizer=tokenizer, context_window=context_window)
+    server = StandInServer(standin, host, port)  # type: ignore[arg-type] - any object with .app()
+    try:
+        url = await server.start()
+        print(f"agentrl stand-in vLLM server on {url} (worker {standin.worker_id}, model {path}, "
+              f"/v1/completions checked by {validator.source})", flush=True)
+        await asyncio.Event().wait()
+    finally:
+        await server.stop()
+        await engine.close()
