@@ -6,6 +6,7 @@
     agentrl envs check NAME [--solutions FILE.jsonl] [--sandbox BACKEND] [--json FILE]
     agentrl sandbox gc [--backend local|docker] [--all]
     agentrl engine serve --model PATH --port N [--host 127.0.0.1]   (stand-in SGLang server over the local engine)
+    agentrl reward serve [--port N]                                  (reference reward-model service, http source)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.cli.debug import add_replay_commands
+from agentrl.cli.reward import add_reward_commands
 from agentrl.cli.train import add_train_commands
 from agentrl.errors import AgentRLError, ConfigError
 
@@ -186,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_commands(sub)
     _add_engine_commands(sub)
     add_train_commands(sub)
+    add_reward_commands(sub)
     return parser
 
 

@@ -1,7 +1,7 @@
 """The debugging commands: `agentrl replay`, `agentrl rescore`, `agentrl view`, `agentrl stats`.
 
     agentrl replay FILE [--id ID] [--task TASK] [--step N] [--reexecute [--sandbox local|docker]] [--max-chars N]
-    agentrl rescore FILE [--env NAME] [--rerun-tests [--sandbox ...]] [--out FILE] [--all]
+    agentrl rescore FILE [--reward CONFIG.yaml] [--env NAME] [--rerun-tests [--sandbox ...]] [--out FILE] [--all]
     agentrl view FILE -o report.html [--max-chars N] [--title TEXT]
     agentrl stats FILE [--json OUT]
 
@@ -65,6 +65,9 @@ def _add_replay(sub: Any) -> None:
 def _add_rescore(sub: Any) -> None:
     p = sub.add_parser("rescore", help="recompute rewards from stored test reports (or re-run the tests)")
     p.add_argument("file", type=Path)
+    p.add_argument("--reward", type=Path, metavar="CONFIG",
+                   help="YAML with the reward sources (a list, or a rollout/train config's `reward:`); default: the "
+                        "config each trajectory records (meta.reward), else unit_tests")
     p.add_argument("--env", help="env whose tests to re-run (default: each trajectory's own env)")
     p.add_argument("--rerun-tests", action="store_true",
                    help="re-run the env's tests on each stored solution in a fresh sandbox")
@@ -165,10 +168,28 @@ def _reexecute(a: argparse.Namespace, chosen: list[Any], console: Any) -> int:
     return 0 if all(r.all_match for r in reports) else 1
 
 
+def _reward_specs(path: Path | None) -> Any:
+    from agentrl.config import read_yaml
+    from agentrl.reward import parse_reward_list
+
+    if path is None:
+        return None
+    if not path.exists():
+        from agentrl.errors import ConfigError
+
+        raise ConfigError(f"--reward {str(path)!r} does not exist")
+    import yaml
+
+    text = path.read_text()
+    data = yaml.safe_load(text) if text.lstrip().startswith("-") else read_yaml(path)
+    return parse_reward_list(data, f"--reward {path}")
+
+
 def _cmd_rescore(a: argparse.Namespace) -> int:
-    from agentrl.replay import rescore_pure, rescore_rerun, write_trajectories
+    from agentrl.replay import rescore_rerun, rescore_with, write_trajectories
     from agentrl.view.terminal import rescore_table
 
+    specs = _reward_specs(a.reward)
     loaded = _load(a.file)
     if a.rerun_tests:
         from agentrl.cli import _run_cancellable
@@ -177,14 +198,24 @@ def _cmd_rescore(a: argparse.Namespace) -> int:
 
         async def run() -> int:
             rows.extend(await rescore_rerun(loaded.trajectories, _pool_factory(a), env_name=a.env,
-                                            env_options=_env_options(a)))
+                                            env_options=_env_options(a), specs=specs))
             return 0
 
         rc = _run_cancellable(run())
         if rc:
             return rc
     else:
-        rows = rescore_pure(loaded.trajectories)
+        from agentrl.cli import _run_cancellable
+
+        rows = []
+
+        async def pure() -> int:
+            rows.extend(await rescore_with(loaded.trajectories, specs, env_name=a.env, env_options=_env_options(a)))
+            return 0
+
+        rc = _run_cancellable(pure())
+        if rc:
+            return rc
     console = _console()
     changed = [r for r in rows if r.differs]
     failed = [r for r in rows if r.error is not None]

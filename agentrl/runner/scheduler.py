@@ -22,7 +22,7 @@ from typing import Any
 
 from agentrl.envs.base import Task
 from agentrl.errors import InfraError
-from agentrl.reward import score
+from agentrl.reward import Scorer
 from agentrl.runner.rollout import Rollout, TrajectoryState
 from agentrl.types import Status, Timing, Trajectory
 
@@ -56,8 +56,9 @@ class Progress:
 
 class Scheduler:
     def __init__(self, rollout: Rollout, pool: Any, config: SchedulerConfig, *, meta: dict[str, Any] | None = None,
-                 on_trajectory: Callable[[Trajectory], None] | None = None) -> None:
+                 on_trajectory: Callable[[Trajectory], None] | None = None, scorer: Scorer | None = None) -> None:
         self.rollout = rollout
+        self.scorer = scorer if scorer is not None else Scorer()  # default: unit_tests at weight 1
         self.pool = pool
         self.config = config
         self.meta = dict(meta or {})
@@ -126,7 +127,17 @@ class Scheduler:
         end_session = getattr(self.rollout.engine, "end_session", None)
         if end_session is not None:  # engines with sticky routing forget this trajectory's worker
             end_session(traj_id)
-        return self._record(task, state, traj_id, group_id, k, attempt, step, tests, solution, error, timing)
+        traj = self._record(task, state, traj_id, group_id, k, attempt, step, tests, solution, error, timing)
+        return await self._score(traj)
+
+    async def _score(self, traj: Trajectory) -> Trajectory:
+        """The scorer's reward; a scorer that fails (reward service down, a source's bug) makes it infra_error."""
+        try:
+            return await self.scorer.score(traj)
+        except Exception as exc:  # InfraError or a bug: either way not the policy's fault, never scored as 0
+            error = f"reward: {type(exc).__name__}: {exc}"
+            return traj.model_copy(update={"status": Status.infra_error, "reward": None, "reward_components": {},
+                                           "error": error if traj.error is None else f"{traj.error}\n{error}"})
 
     async def _in_sandbox(self, state: TrajectoryState, task: Task, sandbox: Any, traj_id: str,
                           timing: Timing) -> tuple[Any, str | None, Timing]:
@@ -150,14 +161,14 @@ class Scheduler:
     def _record(self, task: Task, state: TrajectoryState, traj_id: str, group_id: str, k: int, attempt: int,
                 step: int | None, tests: Any, solution: str | None, error: str | None, timing: Timing) -> Trajectory:
         infra = state.status is Status.infra_error
-        return score(Trajectory(
+        return Trajectory(
             id=traj_id, group_id=group_id, task_id=task.id, env=self.rollout.env.name, status=state.status,
             sample_index=k, attempt=attempt, step=step, prompt_ids=state.prompt_ids,
             completion_ids=state.completion_ids, logprobs=state.logprobs, env_mask=state.env_mask,
             turns=state.turns, tests=None if infra else tests,
             error=error, solution=solution, drift_count=sum(t.prefix_drift for t in state.turns), timing=timing,
             meta={**self.meta, "group_size": self.config.group_size},
-        ))
+        )
 
     def _account(self, traj: Trajectory) -> None:
         p = self.progress
