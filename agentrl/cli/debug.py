@@ -2,7 +2,7 @@
 
     agentrl replay FILE [--id ID] [--task TASK] [--step N] [--reexecute [--sandbox local|docker]] [--max-chars N]
     agentrl rescore FILE [--reward CONFIG.yaml] [--env NAME] [--rerun-tests [--sandbox ...]] [--out FILE] [--all]
-    agentrl view FILE -o report.html [--max-chars N] [--title TEXT]
+    agentrl view FILE|RUN_DIR -o report.html [--max-chars N] [--title TEXT]
     agentrl stats FILE [--json OUT]
 
 Every command reads the file tolerantly: each unreadable line (corrupt, truncated, schema from the future) is
@@ -29,8 +29,9 @@ def add_replay_commands(sub: Any) -> None:
     """Add replay, rescore, view and stats to the `agentrl` subparsers."""
     _add_replay(sub)
     _add_rescore(sub)
-    v = sub.add_parser("view", help="write one self-contained HTML report of a trajectory file")
-    v.add_argument("file", type=Path)
+    v = sub.add_parser("view", help="write one self-contained HTML report of a trajectory file or a training run")
+    v.add_argument("file", type=Path, help="trajectory JSONL, or a training output_dir (its trajectories.jsonl "
+                                           "plus its behaviour snapshots)")
     v.add_argument("-o", "--out", type=Path, default=Path("report.html"), help="HTML file to write")
     v.add_argument("--title", help="page title (default: the file name)")
     v.add_argument("--max-chars", type=int, default=4000,
@@ -232,12 +233,21 @@ def _cmd_rescore(a: argparse.Namespace) -> int:
 
 def _cmd_view(a: argparse.Namespace) -> int:
     from agentrl.view import write_report
+    from agentrl.view.snapshots import load_run_snapshots
 
-    loaded = _load(a.file)
+    snaps = None
+    path = a.file
+    if path.is_dir():
+        snaps = load_run_snapshots(path)
+        path = path / "trajectories.jsonl"
+        for err in snaps.errors[:MAX_PRINTED_LINE_ERRORS]:
+            print(f"warning: {err}", file=sys.stderr)
+    loaded = _load(path)
     info = write_report(a.out, loaded.trajectories, title=a.title or f"agentrl trajectories: {a.file.name}",
-                        errors=loaded.errors, max_chars=a.max_chars)
+                        errors=loaded.errors, max_chars=a.max_chars, snapshots=snaps)
     trimmed = f"; texts trimmed to {info.max_chars} characters to fit" if info.max_chars < a.max_chars else ""
-    print(f"wrote {info.path} ({info.trajectories} trajectories, {info.bytes / 1e6:.1f} MB{trimmed})")
+    snap = f", {len(snaps.rows)} snapshot rows" if snaps is not None and snaps.rows else ""
+    print(f"wrote {info.path} ({info.trajectories} trajectories{snap}, {info.bytes / 1e6:.1f} MB{trimmed})")
     return 0
 
 
