@@ -274,3 +274,55 @@ def test_version_1_records_read_with_empty_components(tmp_path: Path) -> None:
     with TrajectoryStore(tmp_path / "new.jsonl") as store:
         store.append_group([t.model_copy(update={"reward_components": {"unit_tests": 1.0}})])
     assert read_trajectories(tmp_path / "new.jsonl")[0].reward_components == {"unit_tests": 1.0}
+
+
+# -- rescore and snapshot rows -----------------------------------------------------------------------------------------
+
+async def test_rescore_flags_a_tampered_component_and_reproduces_honest_ones() -> None:
+    from agentrl.replay import rescore_with
+
+    specs = parse_reward_list([{"unit_tests": 1.0}, {"format": 0.5}], "t")
+    honest = await Scorer(specs).score(traj(tid="a"))
+    tampered = honest.model_copy(update={"id": "b", "reward_components": {"unit_tests": 1.0, "format": 0.0}})
+    rows = await rescore_with([honest, tampered])  # the recorded meta.reward
+    assert [r.differs for r in rows] == [False, True]
+    assert rows[0].rescored.reward == honest.reward == 1.5
+
+
+def test_snapshot_row_metrics() -> None:
+    from agentrl.trainer.snapshots import behaviour_row
+
+    good = traj(tid="a", model_tokens=10).model_copy(update={"reward": 1.0, "reward_components": {"unit_tests": 1.0}})
+    cut = traj(tid="b", model_tokens=30, passed=0, finish="length", status=Status.truncated,
+               tool_error="unknown_tool").model_copy(update={"reward": 0.0, "reward_components": {"unit_tests": 0.0}})
+    infra = traj(tid="c", status=Status.infra_error)
+    row = behaviour_row(3, "greedy", [good, cut, infra], rollouts="x.jsonl", time_s=1.0)
+    assert row["step"] == 3 and row["mode"] == "greedy" and row["trajectories"] == 3 and row["infra_errors"] == 1
+    assert row["reward_mean"] == 0.5 and row["pass_rate"] == 0.5 and row["completion_len_mean"] == 20.0
+    assert row["format_rate"] == 0.5 and row["tool_error_rate"] == 0.5 and row["truncation_rate"] == 0.5
+    assert row["reward_components"] == {"unit_tests": 0.5}
+
+
+def test_resume_drops_snapshot_rows_after_the_checkpoint(tmp_path: Path) -> None:
+    from agentrl.trainer.resume import prepare_resume
+
+    (tmp_path / "snapshots.jsonl").write_text("".join(json.dumps({"step": s, "mode": "greedy"}) + "\n"
+                                                      for s in (0, 1, 2)))
+    ckpt = tmp_path / "checkpoints" / "checkpoint-1"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 1}))
+    assert prepare_resume(tmp_path, 8).step == 1
+    steps = [json.loads(x)["step"] for x in (tmp_path / "snapshots.jsonl").read_text().splitlines()]
+    assert steps == [0, 1]
+
+
+def test_snapshot_config_rules() -> None:
+    from pydantic import ValidationError
+
+    from agentrl.trainer.config import TrainConfig
+
+    with pytest.raises(ValidationError, match="multiple of checkpoint_every"):
+        TrainConfig.model_validate({"checkpoint_every": 2, "snapshot": {"every": 3}})
+    with pytest.raises(ValidationError, match="nothing would run"):
+        TrainConfig.model_validate({"snapshot": {"every": 1, "samples": 0}})
+    assert TrainConfig.model_validate({"snapshot": {"every": 2, "tasks": ["a", "b"]}}).snapshot.tasks == ["a", "b"]
