@@ -170,19 +170,20 @@ def _reexecute(a: argparse.Namespace, chosen: list[Any], console: Any) -> int:
 
 
 def _reward_specs(path: Path | None) -> Any:
-    from agentrl.config import read_yaml
+    """The `reward:` list of `--reward FILE` (a YAML list, or a mapping that holds `reward:`), or None."""
+    import yaml
+
+    from agentrl.errors import ConfigError
     from agentrl.reward import parse_reward_list
 
     if path is None:
         return None
-    if not path.exists():
-        from agentrl.errors import ConfigError
-
+    if not path.is_file():
         raise ConfigError(f"--reward {str(path)!r} does not exist")
-    import yaml
-
-    text = path.read_text()
-    data = yaml.safe_load(text) if text.lstrip().startswith("-") else read_yaml(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--reward {str(path)!r} is not valid YAML: {exc}") from None
     return parse_reward_list(data, f"--reward {path}")
 
 

@@ -326,3 +326,23 @@ def test_snapshot_config_rules() -> None:
     with pytest.raises(ValidationError, match="nothing would run"):
         TrainConfig.model_validate({"snapshot": {"every": 1, "samples": 0}})
     assert TrainConfig.model_validate({"snapshot": {"every": 2, "tasks": ["a", "b"]}}).snapshot.tasks == ["a", "b"]
+
+
+def test_rescore_reward_flag_reads_lists_and_configs_and_names_bad_files(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from agentrl.cli import main
+
+    path = tmp_path / "t.jsonl"
+    with TrajectoryStore(path) as store:
+        store.append_group([score(traj(tid="a", passed=1))])
+    flow = tmp_path / "flow.yaml"
+    flow.write_text("[{unit_tests: 1.0}]")
+    assert main(["rescore", str(path), "--reward", str(flow)]) == 0
+    job = tmp_path / "job.yaml"
+    job.write_text("env: code_tests\nreward:\n  - {unit_tests: 2.0}\n")
+    assert main(["rescore", str(path), "--reward", str(job)]) == 1  # twice the stored reward
+    assert "1 rewards differ" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("reward: [{length_penalty: {alfa: 1}}]\n")
+    assert main(["rescore", str(path), "--reward", str(bad)]) == 2
+    assert "field 'alfa': unknown option" in capsys.readouterr().err
