@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentrl.errors import ConfigError
+from agentrl.reward.spec import DEFAULT_REWARD, RewardSpec, check_reward_list
 from agentrl.sandbox.base import SandboxSpec
 from agentrl.sandbox.kubernetes import KubernetesSandboxConfig  # the model only: no kubernetes client import
 from agentrl.types import SamplingParams
@@ -131,6 +132,14 @@ class BudgetConfig(_Config):
     setup_timeout_s: float = Field(default=120.0, gt=0)  # env.setup; expiry is infra_error
 
 
+# `reward:` = weighted sources (agentrl.reward.spec for the accepted forms); default: unit_tests at weight 1
+RewardList = Annotated[list[RewardSpec], AfterValidator(check_reward_list)]
+
+
+def default_reward() -> list[RewardSpec]:
+    return list(DEFAULT_REWARD)
+
+
 class RolloutConfig(_Config):
     env: str = "code_tests"
     env_options: dict[str, Any] = Field(default_factory=dict)
@@ -149,6 +158,7 @@ class RolloutConfig(_Config):
     budgets: BudgetConfig = Field(default_factory=BudgetConfig)
     engine: EngineConfig = Field(default_factory=LocalEngineConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    reward: RewardList = Field(default_factory=default_reward)
 
     _default_type = field_validator("engine", mode="before")(lambda v: _with_default_type(v))
 

@@ -2,8 +2,8 @@
 
 Owns: loading a trajectory file tolerantly (unreadable lines become counted `LineError`s, the rest is read),
 selecting trajectories (`--id` / `--task` / `--step`), re-executing every stored tool call in a fresh sandbox and
-comparing each result with what was stored, and re-scoring (purely from stored test reports, or by re-running an
-env's tests on the stored solution). Does not own: drawing anything (`agentrl.view`), building sandbox pools
+comparing each result with what was stored, and re-scoring (from the stored record with a reward config — the
+given one, else the one each trajectory records — or by re-running an env's tests on the stored solution first). Does not own: drawing anything (`agentrl.view`), building sandbox pools
 (the caller passes a `PoolFactory`, the CLI builds it from flags), or the reward definition (`agentrl.reward`).
 
 Re-execution order: `env.setup(sandbox, task)` once, then `env.call_tool` for each stored `ToolCall` in turn
@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from agentrl.envs import Env, Task, get_env
 from agentrl.errors import ConfigError, InfraError, MissingDependencyError
-from agentrl.reward import score
+from agentrl.reward import DEFAULT_REWARD, RewardSpec, Scorer, recorded_specs, score
 from agentrl.sandbox.base import SandboxSpec
 from agentrl.store import LineError, TrajectoryStore, iter_records
 from agentrl.types import Status, TestReport, ToolCall, ToolResult, Trajectory
@@ -246,10 +246,56 @@ class RescoreRow:
 
     @property
     def differs(self) -> bool:
+        """The reward changed, or (for records that stored them) a reward component did."""
         old, new = self.original.reward, self.rescored.reward
         if old is None or new is None:
             return old is not new
+        before, after = self.original.reward_components, self.rescored.reward_components
+        if before and (before.keys() != after.keys()
+                       or any(abs(before[k] - after[k]) > REWARD_TOLERANCE for k in before)):
+            return True
         return abs(old - new) > REWARD_TOLERANCE
+
+
+class _Scorers:
+    """One Scorer per reward config: the given one, else each trajectory's recorded `meta["reward"]`, else the
+    default. Sources that need the task's prompt (http) get it from the trajectory's env (`_Envs`)."""
+
+    def __init__(self, specs: list[RewardSpec] | None, envs: _Envs) -> None:
+        self.specs, self.envs = specs, envs
+        self._scorers: dict[str, Scorer] = {}
+
+    def _prompt(self, traj: Trajectory) -> list[Any]:
+        env, task = self.envs.resolve(traj)
+        return env.messages(task)
+
+    def get(self, traj: Trajectory) -> Scorer:
+        specs = self.specs or recorded_specs(traj) or list(DEFAULT_REWARD)
+        key = json.dumps([s.model_dump(mode="json") for s in specs], sort_keys=True)
+        if key not in self._scorers:
+            self._scorers[key] = Scorer(specs, prompt_messages=self._prompt)
+        return self._scorers[key]
+
+    async def aclose(self) -> None:
+        for scorer in self._scorers.values():
+            await scorer.aclose()
+
+
+async def rescore_with(trajs: Iterable[Trajectory], specs: list[RewardSpec] | None = None, *,
+                       env_name: str | None = None, env_options: dict[str, Any] | None = None) -> list[RescoreRow]:
+    """Recompute rewards and components from the stored trajectories with `specs` (default: each trajectory's
+    recorded reward config). A source that fails (service down, unknown env) gives an error row, not a reward."""
+    scorers = _Scorers(specs, _Envs(env_name, env_options))
+    rows: list[RescoreRow] = []
+    try:
+        for traj in trajs:
+            try:
+                rows.append(RescoreRow(traj, await scorers.get(traj).score(traj)))
+            except (ConfigError, InfraError, ValueError) as exc:
+                rows.append(RescoreRow(traj, traj, "not rescored", error=f"{type(exc).__name__}: {exc}"))
+    finally:
+        await scorers.aclose()
+    return rows
 
 
 def rescore_pure(trajs: Iterable[Trajectory]) -> list[RescoreRow]:
@@ -257,27 +303,32 @@ def rescore_pure(trajs: Iterable[Trajectory]) -> list[RescoreRow]:
     return [RescoreRow(t, score(t)) for t in trajs]
 
 
-async def _rerun_one(traj: Trajectory, env: Env, task: Task, pool: Any) -> RescoreRow:
+async def _rerun_one(traj: Trajectory, env: Env, task: Task, pool: Any, scorer: Scorer) -> RescoreRow:
     if traj.status is Status.infra_error:
-        return RescoreRow(traj, score(traj), "infra_error: never scored")
+        return RescoreRow(traj, await scorer.score(traj), "infra_error: never scored")
     if traj.solution is None:
-        return RescoreRow(traj, score(traj), "no stored solution: scored from the stored test report")
+        return RescoreRow(traj, await scorer.score(traj), "no stored solution: scored from the stored test report")
     async with pool.lease() as sandbox:
         report: TestReport = await env.score_solution(sandbox, task, traj.solution)
-    return RescoreRow(traj, score(traj.model_copy(update={"tests": report})), "tests re-run")
+    return RescoreRow(traj, await scorer.score(traj.model_copy(update={"tests": report})), "tests re-run")
 
 
 async def rescore_rerun(trajs: Iterable[Trajectory], pool_factory: PoolFactory, *, env_name: str | None = None,
-                        env_options: dict[str, Any] | None = None) -> list[RescoreRow]:
-    """Re-run the env's tests on each stored solution in a fresh sandbox, then score the new report."""
+                        env_options: dict[str, Any] | None = None,
+                        specs: list[RewardSpec] | None = None) -> list[RescoreRow]:
+    """Re-run the env's tests on each stored solution in a fresh sandbox, then score the new report (with `specs`,
+    default: each trajectory's recorded reward config)."""
     envs = _Envs(env_name, env_options)
+    scorers = _Scorers(specs, envs)
     rows: list[RescoreRow] = []
     async with AsyncExitStack() as stack:
+        stack.push_async_callback(scorers.aclose)
         pools = _Pools(stack, pool_factory)
         for traj in trajs:
             try:
                 env, task = envs.resolve(traj)
-                rows.append(await _rerun_one(traj, env, task, await pools.get(spec_for(traj, env))))
+                rows.append(await _rerun_one(traj, env, task, await pools.get(spec_for(traj, env)),
+                                             scorers.get(traj)))
             except MissingDependencyError:
                 raise  # nothing can be re-run here
             except Exception as exc:  # unknown env/task, infra failure or an env bug: reported, the others go on

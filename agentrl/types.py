@@ -1,7 +1,8 @@
 """The records passed between stages. Imports nothing of ours.
 
 A `Trajectory` is the one record between rollout and everything downstream (store, reward, trainer, replay).
-It is written as one JSON line and carries `schema_version`; readers refuse versions from the future.
+It is written as one JSON line and carries `schema_version`; readers refuse versions from the future and upgrade
+older ones in memory (version 1 records had no `reward_components`: they read as `{}`).
 
 Token layout of a trajectory (shapes are per trajectory, not batched):
 
@@ -19,9 +20,9 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SCHEMA_VERSION = 2  # 2: `error_kind` (why a trajectory is infra_error / policy_error)
+SCHEMA_VERSION = 2  # 2: reward_components, error_kind
 
 
 class _Record(BaseModel):
@@ -190,12 +191,20 @@ class Trajectory(_Record):
     turns: list[Turn] = Field(default_factory=list)
     tests: TestReport | None = None
     reward: float | None = None  # None for infra_error: never a silent 0
+    reward_components: dict[str, float] = Field(default_factory=dict)  # reward source -> its unweighted value
     error: str | None = None
     error_kind: str | None = None  # short machine-readable cause of infra_error / policy_error (see runner.attribution)
     solution: str | None = None
     drift_count: int = 0
     timing: Timing = Field(default_factory=Timing)
     meta: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("schema_version", mode="after")
+    @classmethod
+    def _upgrade(cls, version: int) -> int:
+        """Older records are upgraded in memory (their missing fields take the defaults); newer ones are refused by
+        the store before they get here."""
+        return max(version, SCHEMA_VERSION)
 
     @model_validator(mode="after")
     def _invariants(self) -> "Trajectory":

@@ -7,6 +7,7 @@
     agentrl sandbox gc [--backend local|docker] [--all]
     agentrl engine serve --model PATH --port N [--host 127.0.0.1] [--api sglang|vllm]
                                                   (stand-in SGLang / vLLM server over the local engine)
+    agentrl reward serve [--port N]               (reference reward-model service, http source)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.cli.debug import add_replay_commands
+from agentrl.cli.reward import add_reward_commands
 from agentrl.cli.train import add_train_commands
 from agentrl.errors import AgentRLError, ConfigError
 
@@ -196,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_commands(sub)
     _add_engine_commands(sub)
     add_train_commands(sub)
+    add_reward_commands(sub)
     return parser
 
 

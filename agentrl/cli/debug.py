@@ -1,8 +1,8 @@
 """The debugging commands: `agentrl replay`, `agentrl rescore`, `agentrl view`, `agentrl stats`.
 
     agentrl replay FILE [--id ID] [--task TASK] [--step N] [--reexecute [--sandbox local|docker]] [--max-chars N]
-    agentrl rescore FILE [--env NAME] [--rerun-tests [--sandbox ...]] [--out FILE] [--all]
-    agentrl view FILE -o report.html [--max-chars N] [--title TEXT]
+    agentrl rescore FILE [--reward CONFIG.yaml] [--env NAME] [--rerun-tests [--sandbox ...]] [--out FILE] [--all]
+    agentrl view FILE|RUN_DIR -o report.html [--max-chars N] [--title TEXT]
     agentrl stats FILE [--json OUT]
 
 Every command reads the file tolerantly: each unreadable line (corrupt, truncated, schema from the future) is
@@ -29,8 +29,9 @@ def add_replay_commands(sub: Any) -> None:
     """Add replay, rescore, view and stats to the `agentrl` subparsers."""
     _add_replay(sub)
     _add_rescore(sub)
-    v = sub.add_parser("view", help="write one self-contained HTML report of a trajectory file")
-    v.add_argument("file", type=Path)
+    v = sub.add_parser("view", help="write one self-contained HTML report of a trajectory file or a training run")
+    v.add_argument("file", type=Path, help="trajectory JSONL, or a training output_dir (its trajectories.jsonl "
+                                           "plus its behaviour snapshots)")
     v.add_argument("-o", "--out", type=Path, default=Path("report.html"), help="HTML file to write")
     v.add_argument("--title", help="page title (default: the file name)")
     v.add_argument("--max-chars", type=int, default=4000,
@@ -65,6 +66,9 @@ def _add_replay(sub: Any) -> None:
 def _add_rescore(sub: Any) -> None:
     p = sub.add_parser("rescore", help="recompute rewards from stored test reports (or re-run the tests)")
     p.add_argument("file", type=Path)
+    p.add_argument("--reward", type=Path, metavar="CONFIG",
+                   help="YAML with the reward sources (a list, or a rollout/train config's `reward:`); default: the "
+                        "config each trajectory records (meta.reward), else unit_tests")
     p.add_argument("--env", help="env whose tests to re-run (default: each trajectory's own env)")
     p.add_argument("--rerun-tests", action="store_true",
                    help="re-run the env's tests on each stored solution in a fresh sandbox")
@@ -165,10 +169,29 @@ def _reexecute(a: argparse.Namespace, chosen: list[Any], console: Any) -> int:
     return 0 if all(r.all_match for r in reports) else 1
 
 
+def _reward_specs(path: Path | None) -> Any:
+    """The `reward:` list of `--reward FILE` (a YAML list, or a mapping that holds `reward:`), or None."""
+    import yaml
+
+    from agentrl.errors import ConfigError
+    from agentrl.reward import parse_reward_list
+
+    if path is None:
+        return None
+    if not path.is_file():
+        raise ConfigError(f"--reward {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--reward {str(path)!r} is not valid YAML: {exc}") from None
+    return parse_reward_list(data, f"--reward {path}")
+
+
 def _cmd_rescore(a: argparse.Namespace) -> int:
-    from agentrl.replay import rescore_pure, rescore_rerun, write_trajectories
+    from agentrl.replay import rescore_rerun, rescore_with, write_trajectories
     from agentrl.view.terminal import rescore_table
 
+    specs = _reward_specs(a.reward)
     loaded = _load(a.file)
     if a.rerun_tests:
         from agentrl.cli import _run_cancellable
@@ -177,14 +200,24 @@ def _cmd_rescore(a: argparse.Namespace) -> int:
 
         async def run() -> int:
             rows.extend(await rescore_rerun(loaded.trajectories, _pool_factory(a), env_name=a.env,
-                                            env_options=_env_options(a)))
+                                            env_options=_env_options(a), specs=specs))
             return 0
 
         rc = _run_cancellable(run())
         if rc:
             return rc
     else:
-        rows = rescore_pure(loaded.trajectories)
+        from agentrl.cli import _run_cancellable
+
+        rows = []
+
+        async def pure() -> int:
+            rows.extend(await rescore_with(loaded.trajectories, specs, env_name=a.env, env_options=_env_options(a)))
+            return 0
+
+        rc = _run_cancellable(pure())
+        if rc:
+            return rc
     console = _console()
     changed = [r for r in rows if r.differs]
     failed = [r for r in rows if r.error is not None]
@@ -201,12 +234,21 @@ def _cmd_rescore(a: argparse.Namespace) -> int:
 
 def _cmd_view(a: argparse.Namespace) -> int:
     from agentrl.view import write_report
+    from agentrl.view.snapshots import load_run_snapshots
 
-    loaded = _load(a.file)
+    snaps = None
+    path = a.file
+    if path.is_dir():
+        snaps = load_run_snapshots(path)
+        path = path / "trajectories.jsonl"
+        for err in snaps.errors[:MAX_PRINTED_LINE_ERRORS]:
+            print(f"warning: {err}", file=sys.stderr)
+    loaded = _load(path)
     info = write_report(a.out, loaded.trajectories, title=a.title or f"agentrl trajectories: {a.file.name}",
-                        errors=loaded.errors, max_chars=a.max_chars)
+                        errors=loaded.errors, max_chars=a.max_chars, snapshots=snaps)
     trimmed = f"; texts trimmed to {info.max_chars} characters to fit" if info.max_chars < a.max_chars else ""
-    print(f"wrote {info.path} ({info.trajectories} trajectories, {info.bytes / 1e6:.1f} MB{trimmed})")
+    snap = f", {len(snaps.rows)} snapshot rows" if snaps is not None and snaps.rows else ""
+    print(f"wrote {info.path} ({info.trajectories} trajectories{snap}, {info.bytes / 1e6:.1f} MB{trimmed})")
     return 0
 
 

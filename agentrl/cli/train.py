@@ -105,18 +105,22 @@ def _pool_for(cfg: Any) -> Any:
 
 def run_train(cfg: Any, *, resume: bool = False) -> Any:
     """Build the components of `cfg` and run the job (blocking). Returns the trainer's JobResult."""
-    from agentrl.cli.wiring import _renderer, make_engine_and_tokenizer, select_tasks
+    from agentrl.cli.wiring import _renderer, make_engine_and_tokenizer, make_scorer, select_tasks
     from agentrl.envs import get_env
     from agentrl.trainer.job import Job, JobParts
 
     env = get_env(cfg.env, **cfg.env_options)
     tasks = select_tasks(env, cfg.tasks, cfg.task_ids)
     eval_tasks = select_tasks(env, cfg.eval.tasks, cfg.eval.task_ids) if cfg.eval_every else []
+    snap = cfg.snapshot
+    snapshot_tasks = (select_tasks(env, None, snap.tasks) if isinstance(snap.tasks, list)
+                      else select_tasks(env, snap.tasks, [])) if snap.every else []
     engine, tokenizer, model_path = make_engine_and_tokenizer(cfg.rollout_config())
     try:
         parts = JobParts(env=env, tasks=tasks, engine=engine, tokenizer=tokenizer, model_path=model_path,
                          renderer=_renderer(env, tokenizer), pool=_pool_for(cfg), eval_tasks=eval_tasks,
-                         meta=_meta(cfg, model_path, engine))
+                         meta=_meta(cfg, model_path, engine), scorer=make_scorer(cfg.reward, env),
+                         snapshot_tasks=snapshot_tasks)
         return Job(cfg, parts, resume=resume, echo=lambda line: print(line, flush=True)).run()
     finally:
         asyncio.run(engine.close())
@@ -172,7 +176,7 @@ def _default_eval_out(checkpoint: Path) -> Path:
 
 
 async def _eval_one(cfg: Any, env: Any, tasks: list[Any], path: Path, pool: Any, label: str, out: Path) -> dict:
-    from agentrl.cli.wiring import _renderer, make_engine_and_tokenizer
+    from agentrl.cli.wiring import _renderer, make_engine_and_tokenizer, make_scorer
     from agentrl.runner import Rollout, SchedulerConfig
     from agentrl.trainer.eval import evaluate
     from agentrl.trainer.job import budgets_of
@@ -189,8 +193,10 @@ async def _eval_one(cfg: Any, env: Any, tasks: list[Any], path: Path, pool: Any,
         store.unlink(missing_ok=True)
         print(f"eval {label}: {path} on {len(tasks)} tasks ({cfg.eval.samples} sampled"
               f"{' + greedy' if cfg.eval.greedy else ''})", flush=True)
-        return await evaluate(rollout, pool, tasks, samples=cfg.eval.samples, greedy=cfg.eval.greedy, sched=sched,
-                              label=str(path), meta=_meta(cfg, model_path, engine), store_path=store)
+        async with make_scorer(cfg.reward, env, tasks) as scorer:
+            return await evaluate(rollout, pool, tasks, samples=cfg.eval.samples, greedy=cfg.eval.greedy,
+                                  sched=sched, label=str(path), meta=_meta(cfg, model_path, engine), store_path=store,
+                                  scorer=scorer)
     finally:
         await engine.close()
 

@@ -23,6 +23,7 @@ from agentrl.cli.display import ProgressDisplay, summary_table
 from agentrl.config import RolloutConfig
 from agentrl.envs import Env, Task, get_env
 from agentrl.errors import ConfigError
+from agentrl.reward import RewardSpec, Scorer
 from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig, check_time_needs
 from agentrl.sandbox.base import SandboxSpec
 from agentrl.store import TrajectoryStore, read_trajectories, summarize
@@ -146,6 +147,19 @@ def _renderer(env: Env, tokenizer: Any) -> Any:
     return ChatRenderer(tokenizer)
 
 
+def make_scorer(specs: list[RewardSpec], env: Env, tasks: list[Task] | None = None) -> Scorer:
+    """The run's reward: `specs` weighted; sources that need the task's prompt get it from `env` (by task id)."""
+    by_id = {t.id: t for t in (tasks if tasks is not None else env.tasks())}
+
+    def prompt_messages(traj: Any) -> list[Any]:
+        task = by_id.get(traj.task_id)
+        if task is None:
+            raise ConfigError(f"trajectory {traj.id}: task {traj.task_id!r} is not a task of env {env.name!r}")
+        return env.messages(task)
+
+    return Scorer(specs, prompt_messages=prompt_messages)
+
+
 def _config_hash(cfg: RolloutConfig) -> str:
     return hashlib.sha256(cfg.model_dump_json().encode()).hexdigest()[:16]
 
@@ -197,10 +211,11 @@ async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: An
             "env_options": dict(cfg.env_options), "sandbox_spec": spec.model_dump()}
     backend = cfg.sandbox.backend.type
     pool = pool_from_config(cfg, spec, uuid.uuid4().hex[:12])
-    sched = Scheduler(rollout, pool, SchedulerConfig.from_config(cfg), meta=meta)
+    scorer = make_scorer(cfg.reward, env, todo)
+    sched = Scheduler(rollout, pool, SchedulerConfig.from_config(cfg), meta=meta, scorer=scorer)
     console.print(f"rollout: env {env.name}, {len(todo)} tasks x {cfg.group_size} samples, model {model_path.name}, "
                   f"sandbox {backend}, out {cfg.out}")
-    async with pool:
+    async with pool, scorer:
         with ProgressDisplay(sched.progress, console) as display:
             async for group in sched.run(todo):
                 await asyncio.to_thread(store.append_group, group)  # write + fsync off the event loop

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from agentrl.envs.base import Task
 from agentrl.errors import ConfigError, SandboxDiedError
-from agentrl.reward import score
+from agentrl.reward import Scorer
 from agentrl.runner.attribution import DeathFacts, Stage, Verdict, classify
 from agentrl.runner.guard import UnscoredGuard
 from agentrl.runner.rollout import Rollout, TrajectoryState
@@ -107,8 +107,9 @@ class _Attempt:
 
 class Scheduler:
     def __init__(self, rollout: Rollout, pool: Any, config: SchedulerConfig, *, meta: dict[str, Any] | None = None,
-                 on_trajectory: Callable[[Trajectory], None] | None = None) -> None:
+                 on_trajectory: Callable[[Trajectory], None] | None = None, scorer: Scorer | None = None) -> None:
         self.rollout = rollout
+        self.scorer = scorer if scorer is not None else Scorer()  # default: unit_tests at weight 1
         self.pool = pool
         self.config = config
         self.meta = dict(meta or {})
@@ -183,7 +184,18 @@ class Scheduler:
         end_session = getattr(self.rollout.engine, "end_session", None)
         if end_session is not None:  # engines with sticky routing forget this trajectory's worker
             end_session(run.traj_id)
-        return self._safe_record(run, group_id, k, attempt, step)
+        return await self._score(self._safe_record(run, group_id, k, attempt, step))
+
+    async def _score(self, traj: Trajectory) -> Trajectory:
+        """The scorer's reward; a scorer that fails (reward service down, a source's bug) makes it infra_error:
+        not the policy's fault, never scored as 0."""
+        try:
+            return await self.scorer.score(traj)
+        except Exception as exc:  # noqa: BLE001
+            error = f"reward: {type(exc).__name__}: {exc}"
+            return traj.model_copy(update={"status": Status.infra_error, "reward": None, "reward_components": {},
+                                           "tests": None, "error_kind": "reward_failed",
+                                           "error": error if traj.error is None else f"{traj.error}\n{error}"})
 
     async def _leased(self, run: _Attempt) -> None:
         """Lease a sandbox (own deadline), run setup/turns/finalize in it, then return it. A failure inside is
@@ -275,7 +287,7 @@ class Scheduler:
             if verdict.status is Status.policy_error:
                 tests = self.rollout.env.failed_report(run.task, verdict.message)
         infra = state.status is Status.infra_error
-        return score(Trajectory(
+        return Trajectory(
             id=run.traj_id, group_id=group_id, task_id=run.task.id, env=self.rollout.env.name, status=state.status,
             sample_index=k, attempt=attempt, step=step, prompt_ids=state.prompt_ids,
             completion_ids=state.completion_ids, logprobs=state.logprobs, env_mask=state.env_mask,
@@ -283,7 +295,7 @@ class Scheduler:
             error=verdict.message if verdict else None, error_kind=verdict.kind if verdict else None,
             solution=run.solution, drift_count=sum(t.prefix_drift for t in state.turns), timing=run.timing,
             meta={**self.meta, "group_size": self.config.group_size},
-        ))
+        )
 
     def _account(self, traj: Trajectory) -> None:
         p = self.progress

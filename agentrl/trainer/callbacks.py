@@ -2,7 +2,9 @@
 
 Owns the timing of a step (on_step_begin .. on_step_end, minus the rollout and weight-sync time the rollout function
 measured = train time; evaluation and checkpoint saving are outside the step) and when evaluation runs: before the
-first step (the baseline, "step-0"), after every `eval_every` optimizer steps, and after the last step.
+first step (the baseline, "step-0"), after every `eval_every` optimizer steps, and after the last step; and when
+behaviour snapshots run: before the first step and right after each saved checkpoint whose step is a multiple of
+`snapshot_every` (so their rollouts go into that checkpoint's directory).
 
 Callback order within one optimizer step (transformers 5): on_step_begin -> [rollout_func, forward/backward,
 optimizer.step] -> on_step_end (global_step already incremented) -> on_log (TRL's averaged logs) -> save.
@@ -23,7 +25,8 @@ from agentrl.trainer.rollout_func import AgentRollout
 class StepCallback(TrainerCallback):
     def __init__(self, rollout: AgentRollout, writer: MetricsWriter, *, total_steps: int,
                  echo: Callable[[str], None] = print, eval_every: int = 0,
-                 run_eval: Callable[[int], None] | None = None) -> None:
+                 run_eval: Callable[[int], None] | None = None, snapshot_every: int = 0,
+                 run_snapshot: Callable[[int], None] | None = None) -> None:
         self.rollout = rollout
         self.writer = writer
         self.total_steps = total_steps
@@ -31,6 +34,9 @@ class StepCallback(TrainerCallback):
         self.eval_every = eval_every
         self.run_eval = run_eval
         self.evaluated: set[int] = set()
+        self.snapshot_every = snapshot_every
+        self.run_snapshot = run_snapshot
+        self.snapshotted: set[int] = set()
         self.rows: list[dict[str, Any]] = []
         self._t0 = 0.0
         self._t_end = 0.0
@@ -40,10 +46,20 @@ class StepCallback(TrainerCallback):
             self.evaluated.add(step)
             self.run_eval(step)
 
+    def _snapshot(self, step: int) -> None:
+        if self.run_snapshot is not None and self.snapshot_every and step % self.snapshot_every == 0 \
+                and step not in self.snapshotted:
+            self.snapshotted.add(step)
+            self.run_snapshot(step)
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.echo(table_header())
         if state.global_step == 0:
             self._eval(0)
+            self._snapshot(0)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._snapshot(state.global_step)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._t0 = time.perf_counter()

@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from agentrl.config import BudgetConfig, EngineConfig, LocalEngineConfig, RolloutConfig, SandboxConfig, _Config
+from agentrl.config import (BudgetConfig, EngineConfig, LocalEngineConfig, RewardList, RolloutConfig, SandboxConfig,
+                            _Config, default_reward)
 from agentrl.types import SamplingParams
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"]
@@ -54,6 +55,28 @@ class EvalOptions(_Config):
     task_ids: list[str] = Field(default_factory=list)
     samples: int = Field(default=2, ge=1)
     greedy: bool = True
+
+
+class SnapshotOptions(_Config):
+    """Behaviour snapshots: every `every` optimizer steps (and before the first), the current weights roll out a fixed
+    task set through the same runner: `samples` runs per task with the training sampling parameters, plus one greedy
+    run if `greedy`. Results: `snapshots.jsonl` (one row per step and mode) and the rollouts under the checkpoint of
+    those weights. `tasks`: the first N tasks of the env, or a list of task ids."""
+
+    every: int = Field(default=0, ge=0)  # 0: off
+    tasks: int | list[str] = 4
+    samples: int = Field(default=1, ge=0)
+    greedy: bool = False
+
+    @model_validator(mode="after")
+    def _rules(self) -> SnapshotOptions:
+        if isinstance(self.tasks, int) and self.tasks < 1:
+            raise ValueError("snapshot.tasks must be >= 1 (a task count) or a list of task ids")
+        if isinstance(self.tasks, list) and not self.tasks:
+            raise ValueError("snapshot.tasks: give a task count or at least one task id")
+        if self.samples == 0 and not self.greedy:
+            raise ValueError("snapshot: samples is 0 and greedy is false, so nothing would run; set one of them")
+        return self
 
 
 class TrainConfig(_Config):
@@ -96,6 +119,8 @@ class TrainConfig(_Config):
     keep_checkpoints: int | None = Field(default=None, ge=1)  # None: keep all
     eval_every: int = Field(default=0, ge=0)  # 0: no evaluation during training
     eval: EvalOptions = Field(default_factory=EvalOptions)
+    snapshot: SnapshotOptions = Field(default_factory=SnapshotOptions)
+    reward: RewardList = Field(default_factory=default_reward)  # weighted reward sources (agentrl.reward)
     seed: int = 0
     device: Literal["cpu", "auto"] = "cpu"  # auto: accelerate picks (GPU if present)
     bf16: bool = False
@@ -115,6 +140,9 @@ class TrainConfig(_Config):
         if self.importance_sampling.clip_min is not None and self.importance_sampling.clip_min >= \
                 self.importance_sampling.clip_max:
             raise ValueError("importance_sampling.clip_min must be < importance_sampling.clip_max")
+        if self.snapshot.every and self.snapshot.every % self.checkpoint_every:
+            raise ValueError(f"snapshot.every ({self.snapshot.every}) must be a multiple of checkpoint_every "
+                             f"({self.checkpoint_every}): snapshot rollouts are stored under their checkpoint")
         return self
 
     @property
@@ -137,6 +165,10 @@ class TrainConfig(_Config):
     def checkpoints_dir(self) -> Path:
         return self.output_dir / "checkpoints"
 
+    @property
+    def snapshots_path(self) -> Path:
+        return self.output_dir / "snapshots.jsonl"
+
     def rollout_config(self) -> RolloutConfig:
         """The rollout view of this job (what `agentrl rollout` would run), for the shared CLI wiring helpers."""
         return RolloutConfig(
@@ -145,6 +177,7 @@ class TrainConfig(_Config):
             max_trajectories=self.max_trajectories, infra_retries=self.infra_retries, sampling=self.sampling,
             max_unscored_frac=self.max_unscored_frac, unscored_min_trajectories=self.unscored_min_trajectories,
             budgets=self.budgets, engine=self.engine.model_copy(update={"model": self.model}), sandbox=self.sandbox,
+            reward=self.reward,
         )
 
     def training_sampling(self, eos_token_ids: list[int]) -> SamplingParams:

@@ -20,6 +20,7 @@ from statistics import mean
 from typing import Any
 
 from agentrl.envs.base import Task
+from agentrl.reward import Scorer
 from agentrl.runner import Rollout, Scheduler, SchedulerConfig
 from agentrl.store import TrajectoryStore
 from agentrl.types import SamplingParams, Trajectory
@@ -47,10 +48,11 @@ def task_scores(trajectories: list[Trajectory]) -> dict[str, dict[str, Any]]:
 
 
 async def run_mode(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: int, sched: SchedulerConfig,
-                   meta: dict[str, Any], store: TrajectoryStore | None = None) -> list[Trajectory]:
-    scheduler = Scheduler(rollout, pool, dataclasses.replace(sched, group_size=samples), meta=meta)
+                   meta: dict[str, Any], store: TrajectoryStore | None = None, scorer: Scorer | None = None,
+                   step: int | None = None) -> list[Trajectory]:
+    scheduler = Scheduler(rollout, pool, dataclasses.replace(sched, group_size=samples), meta=meta, scorer=scorer)
     out: list[Trajectory] = []
-    async for group in scheduler.run(tasks):
+    async for group in scheduler.run(tasks, step=step):
         if store is not None:
             await asyncio.to_thread(store.append_group, group)
         out += group
@@ -59,7 +61,7 @@ async def run_mode(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: i
 
 async def evaluate(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: int, greedy: bool,
                    sched: SchedulerConfig, label: str, meta: dict[str, Any] | None = None,
-                   store_path: Path | None = None) -> dict[str, Any]:
+                   store_path: Path | None = None, scorer: Scorer | None = None) -> dict[str, Any]:
     """Score `tasks` with `rollout`'s sampling (`samples` runs each) and, if `greedy`, once at temperature 0."""
     modes: dict[str, SamplingParams] = {"sampled": rollout.sampling}
     if greedy:
@@ -69,7 +71,7 @@ async def evaluate(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: i
     try:  # the modes run concurrently so the engine batches them together
         runs = await asyncio.gather(*(
             run_mode(dataclasses.replace(rollout, sampling=sampling), pool, tasks,
-                     samples=samples if mode == "sampled" else 1, sched=sched, store=store,
+                     samples=samples if mode == "sampled" else 1, sched=sched, store=store, scorer=scorer,
                      meta={**(meta or {}), "eval": label, "eval_mode": mode})
             for mode, sampling in modes.items()))
         for mode, trajs in zip(modes, runs):

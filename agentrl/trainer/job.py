@@ -13,6 +13,8 @@ Output dir layout:
     checkpoints/checkpoint-<N>/  transformers/TRL checkpoints after N optimizer steps (weights, tokenizer,
                                  optimizer, scheduler, RNG, trainer_state.json); `--resume` continues from the last
     eval/step-<N>.json(l)        evaluation results (+ trajectories) after N steps; step-<N>.diff.json vs step-0
+    snapshots.jsonl              behaviour snapshots (snapshots.py), one row per step and mode; their rollouts in
+                                 checkpoints/checkpoint-<N>/snapshot.jsonl (step 0: checkpoints/start/)
     weights/step-<N>/            disk weight sync only: the full weights last handed to the engine
 """
 
@@ -29,9 +31,11 @@ from typing import Any
 
 from agentrl.envs.base import Env, Task
 from agentrl.errors import ConfigError
+from agentrl.reward import Scorer
 from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig, check_time_needs
 from agentrl.store import TrajectoryStore
 from agentrl.trainer import eval as evaluation
+from agentrl.trainer import snapshots
 from agentrl.trainer.callbacks import StepCallback
 from agentrl.trainer.checks import check_startup
 from agentrl.trainer.config import TrainConfig
@@ -46,7 +50,7 @@ log = logging.getLogger("agentrl.trainer")
 
 # fields a resume may change: they do not change what is trained
 RESUMABLE_CHANGES = frozenset({"steps", "eval_every", "eval", "checkpoint_every", "keep_checkpoints",
-                               "max_trajectories", "sandbox", "output_dir"})
+                               "max_trajectories", "sandbox", "output_dir", "snapshot"})
 
 
 @dataclass
@@ -62,6 +66,8 @@ class JobParts:
     pool: Any  # SandboxPool (an async context manager), entered on the job's loop
     eval_tasks: list[Task] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    scorer: Scorer | None = None  # the job's reward (cfg.reward); None: unit_tests. Closed by the job
+    snapshot_tasks: list[Task] = field(default_factory=list)  # the fixed set of behaviour snapshots
 
 
 @dataclass
@@ -155,6 +161,9 @@ class Job:
             pool_stack = contextlib.AsyncExitStack()
             loop.run(pool_stack.enter_async_context(self.parts.pool))
             stack.callback(lambda: loop.run(pool_stack.aclose()))
+            if self.parts.scorer is not None:  # its HTTP clients live on the job's loop
+                scorer = self.parts.scorer
+                stack.callback(lambda: loop.run(scorer.aclose()))
             store = stack.enter_context(TrajectoryStore(cfg.trajectories_path, resume=True))
             callback = self._build(loop, store, state)
             self.trainer.train(resume_from_checkpoint=str(state.checkpoint) if state.checkpoint else None)
@@ -175,7 +184,7 @@ class Job:
     def _build(self, loop: BackgroundLoop, store: TrajectoryStore, state: ResumeState) -> StepCallback:
         cfg, parts = self.cfg, self.parts
         meta = {**parts.meta, "sampling": self.sampling.model_dump(), "seed": cfg.seed}
-        scheduler = Scheduler(self.rollout, parts.pool, self.sched_cfg, meta=meta)
+        scheduler = Scheduler(self.rollout, parts.pool, self.sched_cfg, meta=meta, scorer=parts.scorer)
         end_id = int(parts.engine.eos_token_ids[0])
         rollout_fn = AgentRollout(scheduler=scheduler, tasks={t.id: t for t in parts.tasks}, store=store,
                                   loop=loop, weight_sync=_weight_sync(cfg, parts.engine, loop),
@@ -184,7 +193,9 @@ class Job:
         self.rollout_fn = rollout_fn
         callback = StepCallback(rollout_fn, MetricsWriter(cfg.metrics_path), total_steps=cfg.steps,
                                 echo=self.echo, eval_every=cfg.eval_every if parts.eval_tasks else 0,
-                                run_eval=lambda step: self._evaluate(loop, rollout_fn, step))
+                                run_eval=lambda step: self._evaluate(loop, rollout_fn, step),
+                                snapshot_every=cfg.snapshot.every if parts.snapshot_tasks else 0,
+                                run_snapshot=lambda step: self._snapshot(loop, rollout_fn, step))
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*rollout_func.*experimental")
             self.trainer = AgentGRPOTrainer(
@@ -206,7 +217,7 @@ class Job:
         result = loop.run(evaluation.evaluate(
             self.rollout, self.parts.pool, self.parts.eval_tasks, samples=self.cfg.eval.samples,
             greedy=self.cfg.eval.greedy, sched=self.sched_cfg, label=f"step-{step}",
-            meta={**self.parts.meta, "step": step}, store_path=out / f"step-{step}.jsonl"))
+            meta={**self.parts.meta, "step": step}, store_path=out / f"step-{step}.jsonl", scorer=self.parts.scorer))
         evaluation.write_json(out / f"step-{step}.json", result)
         means = "  ".join(f"{m} {_fmt(v['mean'])}" for m, v in result["modes"].items())
         self.echo(f"eval step-{step}: {means}")
@@ -215,6 +226,24 @@ class Job:
             report = evaluation.diff_evals(json.loads(baseline.read_text()), result)
             evaluation.write_json(out / f"step-{step}.diff.json", report)
             self.echo(evaluation.format_diff(report, max_rows=10))
+
+
+    def _snapshot(self, loop: BackgroundLoop, rollout_fn: AgentRollout, step: int) -> None:
+        """Roll out the fixed snapshot task set with the current weights (synced first); append the rows."""
+        rollout_fn.maybe_sync(self.trainer, account=False)
+        cfg = self.cfg
+        rows = loop.run(snapshots.run_snapshot(
+            self.rollout, self.parts.pool, self.parts.snapshot_tasks, step=step, samples=cfg.snapshot.samples,
+            greedy=cfg.snapshot.greedy, sched=self.sched_cfg, scorer=self.parts.scorer,
+            meta={**self.parts.meta, "sampling": self.sampling.model_dump(), "seed": cfg.seed},
+            store_path=snapshots.snapshot_path(cfg.checkpoints_dir, step), output_dir=cfg.output_dir))
+        writer = MetricsWriter(cfg.snapshots_path)
+        for row in rows:
+            writer.write(row)
+            self.echo(f"snapshot step-{step} [{row['mode']}]: reward {_fmt(row['reward_mean'])}  pass "
+                      f"{_fmt(row['pass_rate'])}  len {_fmt(row['completion_len_mean'])}  format "
+                      f"{_fmt(row['format_rate'])}  tool errors {_fmt(row['tool_error_rate'])}  trunc "
+                      f"{_fmt(row['truncation_rate'])}")
 
 
 def _fmt(x: float | None) -> str:

@@ -240,6 +240,9 @@ JS = r"""
     var d = JSON.parse(el.textContent), tm = d.timing;
     var h = "<h2>trajectory " + esc(d.id) + "</h2>" + kv([
       ["status", badge(d.status)], ["reward", num(d.reward)],
+      ["reward components", '<span class="components">' + (d.components.length ? d.components.map(function (c) {
+        return esc(c[0]) + " " + num(c[1]);
+      }).join(", ") : "\u2013") + "</span>"],
       ["task", esc(d.task)], ["group", esc(d.group)], ["env", esc(d.env)], ["step", num(d.step)],
       ["sample", num(d.sample)], ["attempt", num(d.attempt)], ["turns", String(d.turns.length)],
       ["template drift turns", num(d.drift_count)], ["total", secs(tm.total_s)], ["generation", secs(tm.generation_s)],
@@ -282,14 +285,15 @@ JS = r"""
   ["f-status", "f-step", "f-task", "f-id", "f-rmin", "f-rmax"].forEach(function (id) {
     document.getElementById(id).addEventListener("input", apply);
   });
-  var stepSel = document.getElementById("step-sel");
-  if (stepSel) {
-    stepSel.addEventListener("change", function () {
-      document.querySelectorAll(".stepblock").forEach(function (b) {
-        b.hidden = b.getAttribute("data-step") !== stepSel.value;
+  [["step-sel", ".stepblock"], ["snap-step-sel", ".snapblock"]].forEach(function (pair) {
+    var sel = document.getElementById(pair[0]);
+    if (!sel) return;
+    sel.addEventListener("change", function () {
+      document.querySelectorAll(pair[1]).forEach(function (b) {
+        b.hidden = b.getAttribute("data-step") !== sel.value;
       });
     });
-  }
+  });
   options("f-status", "status");
   options("f-step", "step");
   header();

@@ -5,7 +5,8 @@ Owns: trimming long texts, the run-length encoding of `env_mask`, and the per-st
 Does not own: HTML or plots (`html.py`, `plots.py`).
 
 Detail layout (keys kept short: the file holds thousands of these):
-    {"id", "group", "task", "env", "status", "step", "sample", "attempt", "reward", "error", "solution",
+    {"id", "group", "task", "env", "status", "step", "sample", "attempt", "reward", "components": [[name, value]],
+     "error", "solution",
      "tests": {"passed", "total", "error", "outcomes": [[name, passed, message], ...]} | null,
      "timing": {...}, "meta": "<json, trimmed>", "prompt_len", "mask": [[1, n_model], [0, n_tool], ...],
      "turns": [{"i", "start", "model_len", "env_len", "text", "obs", "finish", "wv", "cached", "gen_s", "tool_s",
@@ -111,6 +112,7 @@ def detail(t: Trajectory, limit: int) -> dict[str, Any]:
                  "outcomes": [[o.name, o.passed, trim(o.message, limit)] for o in t.tests.outcomes]}
     return {"id": t.id, "group": t.group_id, "task": t.task_id, "env": t.env, "status": t.status.value,
             "step": t.step, "sample": t.sample_index, "attempt": t.attempt, "reward": finite(t.reward),
+            "components": [[k, finite(v)] for k, v in t.reward_components.items()],
             "error": trim(f"[{t.error_kind}] {t.error}" if t.error_kind else t.error, limit) if t.error else None,
             "solution": trim(t.solution, limit) if t.solution else None, "tests": tests,
             "timing": {k: finite(v, 4) for k, v in t.timing.model_dump().items()},
@@ -170,3 +172,13 @@ def step_comparison(steps: dict[int | str, list[Trajectory]]) -> list[dict[str, 
         rows.append({"step": step, "values": values, "deltas": deltas})
         prev = values
     return rows
+
+
+def component_means(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Mean unweighted value of each reward source over the trajectories that stored it."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        for k, v in t.reward_components.items():
+            if math.isfinite(v):
+                values[k].append(v)
+    return {k: mean(vs) for k, vs in sorted(values.items())}

@@ -2,7 +2,8 @@
 
 Owns: assembling one HTML file with everything inline: CSS and JS (`assets.py`), the trajectory index and the
 per-trajectory details as embedded JSON, the per-step histograms and trends as inline SVG (`plots.py`), and the
-per-step comparison table. No server, no network, no external assets.
+per-step comparison table, and a training run's behaviour snapshots (`snapshots.py`). No server, no network, no
+external assets.
 
 Size budget: every free text (model text, tool output, solution...) is trimmed to `max_chars`; when the details
 still exceed `max_bytes`, the limit is halved until they fit (down to `MIN_CHARS`). Details are embedded one
@@ -22,6 +23,7 @@ from typing import Any
 from agentrl.store import LineError
 from agentrl.types import Trajectory
 from agentrl.view import data, plots
+from agentrl.view.snapshots import RunSnapshots, snapshots_html
 from agentrl.view.assets import CSS, JS
 
 DEFAULT_MAX_CHARS = 4000
@@ -84,6 +86,8 @@ def _delta(d: float | None, key: str) -> str:
 def summary_html(trajs: Sequence[Trajectory]) -> str:
     s = data.step_summary(trajs)
     rows = "".join(f"<tr><td>{html.escape(SUMMARY_LABELS.get(k, k))}</td><td>{_fmt(v)}</td></tr>" for k, v in s.items())
+    rows += "".join(f'<tr class="component"><td>reward component: {html.escape(k)} (mean)</td><td>{_fmt(v)}</td></tr>'
+                    for k, v in data.component_means(trajs).items())
     return f'<table class="stats" id="summary-table"><tr><th>metric</th><th>value</th></tr>{rows}</table>'
 
 
@@ -157,7 +161,8 @@ def _title(title: str, sub: str) -> str:
 
 
 def build_report(trajs: Sequence[Trajectory], *, title: str, errors: Sequence[LineError] = (),
-                 max_chars: int = DEFAULT_MAX_CHARS, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str, int]:
+                 max_chars: int = DEFAULT_MAX_CHARS, max_bytes: int = DEFAULT_MAX_BYTES,
+                 snapshots: RunSnapshots | None = None) -> tuple[str, int]:
     """The report page as one string, and the text limit used so that the page fits `max_bytes`."""
     index = {"cols": list(data.INDEX_COLUMNS), "rows": [data.index_row(t) for t in trajs]}
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -165,7 +170,8 @@ def build_report(trajs: Sequence[Trajectory], *, title: str, errors: Sequence[Li
     head = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
             f'content="width=device-width, initial-scale=1"><title>{html.escape(title)}</title>'
             f"<style>{CSS}</style></head><body>")
-    parts = [head, _title(title, sub), _errors_html(errors), _overview(trajs), "<h2>trajectories</h2>", FILTERS,
+    parts = [head, _title(title, sub), _errors_html(errors), _overview(trajs),
+             snapshots_html(snapshots) if snapshots is not None else "", "<h2>trajectories</h2>", FILTERS,
              f'<script type="application/json" id="index">{json_for_script(index)}</script>',
              f"<script>{JS}</script>"]
     # what the details may take: the rest of the page, the per-detail <script> wrappers and the closing tags
@@ -180,10 +186,10 @@ def build_report(trajs: Sequence[Trajectory], *, title: str, errors: Sequence[Li
 
 def write_report(path: str | Path, trajs: Sequence[Trajectory], *, title: str | None = None,
                  errors: Sequence[LineError] = (), max_chars: int = DEFAULT_MAX_CHARS,
-                 max_bytes: int = DEFAULT_MAX_BYTES) -> ReportInfo:
+                 max_bytes: int = DEFAULT_MAX_BYTES, snapshots: RunSnapshots | None = None) -> ReportInfo:
     out = Path(path)
     page, limit = build_report(trajs, title=title or f"agentrl trajectories: {out.stem}", errors=errors,
-                               max_chars=max_chars, max_bytes=max_bytes)
+                               max_chars=max_chars, max_bytes=max_bytes, snapshots=snapshots)
     encoded = page.encode("utf-8", errors="replace")  # lone surrogates from odd tool output become '?'
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(encoded)

@@ -14,7 +14,6 @@ import pytest
 from agentrl.envs import get_env
 from agentrl.errors import EngineUnavailableError, UnscoredLimitError
 from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
-from agentrl.runner import scheduler as scheduler_mod
 from agentrl.sandbox import SandboxPool, SandboxSpec
 from agentrl.testing.scripted import ScriptedEngine
 from agentrl.tools.render import ChatRenderer
@@ -150,24 +149,38 @@ async def test_env_bug_in_messages_is_recorded_not_hung(env: Any, task: Any, smo
     assert {t.error_kind for t in group} == {"prompt_failed"}
 
 
-async def test_scoring_bug_is_recorded_not_hung(env: Any, task: Any, smollm2_tokenizer: Any,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = {"n": 0}
-    real_score = scheduler_mod.score
+class _ExplodingScorer:
+    async def score(self, traj: Any) -> Any:
+        raise RuntimeError("scoring exploded")
 
-    def flaky_score(traj: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("scoring exploded")
-        return real_score(traj)
 
-    monkeypatch.setattr(scheduler_mod, "score", flaky_score)
+async def test_scoring_bug_is_unscored_not_zero_and_not_hung(env: Any, task: Any, smollm2_tokenizer: Any) -> None:
     engine = ScriptedEngine(smollm2_tokenizer, ["no code"])
     async with _pool() as pool:
         sched = _scheduler(env, engine, smollm2_tokenizer, pool, infra_retries=0, max_unscored_frac=1.0)
+        sched.scorer = _ExplodingScorer()
+        (group,) = await asyncio.wait_for(_collect(sched.run([task])), 60)
+    assert group[0].status is Status.infra_error and group[0].error_kind == "reward_failed"
+    assert group[0].reward is None and "scoring exploded" in (group[0].error or "")
+
+
+async def test_record_bug_is_recorded_not_hung(env: Any, task: Any, smollm2_tokenizer: Any,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = ScriptedEngine(smollm2_tokenizer, ["no code"])
+    async with _pool() as pool:
+        sched = _scheduler(env, engine, smollm2_tokenizer, pool, infra_retries=0, max_unscored_frac=1.0)
+        real_record, calls = sched._record, {"n": 0}
+
+        def flaky_record(*args: Any, **kwargs: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise ValueError("record exploded")
+            return real_record(*args, **kwargs)
+
+        monkeypatch.setattr(sched, "_record", flaky_record)
         (group,) = await asyncio.wait_for(_collect(sched.run([task])), 60)
     assert group[0].status is Status.infra_error and group[0].error_kind == "record_failed"
-    assert "scoring exploded" in (group[0].error or "")
+    assert "record exploded" in (group[0].error or "")
 
 
 async def test_an_unexpected_error_is_raised_to_the_caller_not_hung(env: Any, task: Any, smollm2_tokenizer: Any,

@@ -157,7 +157,8 @@ def test_rescore_rerun_tests_finds_a_tampered_reward(code_traj: tuple[Path, Traj
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     path, traj = code_traj
     assert traj.tests is not None
-    wrong = traj.model_copy(update={"tests": traj.tests.model_copy(update={"passed": 0}), "reward": 0.0})
+    wrong = traj.model_copy(update={"tests": traj.tests.model_copy(update={"passed": 0}), "reward": 0.0,
+                                    "reward_components": {"unit_tests": 0.0}})
     tampered = tmp_path / "tampered.jsonl"
     with TrajectoryStore(tampered) as store:
         store.append_group([wrong])

@@ -121,3 +121,62 @@ def test_filters_and_sorting(report: Path, trajs: list[Trajectory]) -> None:
         scored = sorted(r for r in rewards.values() if r is not None)
         assert [rewards[i] for i in ids] == scored[:len(ids)]
         assert probe.errors == []
+
+
+# -- a training run's directory: behaviour snapshots and reward components ---------------------------------------
+
+def _with_components(t: Trajectory) -> Trajectory:
+    if t.reward is None:
+        return t
+    return t.model_copy(update={"reward_components": {"unit_tests": t.reward, "format": 1.0}})
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory as the trainer writes it: trajectories.jsonl, snapshots.jsonl (two modes, three steps) and
+    each step's snapshot rollouts under its checkpoint."""
+    from agentrl.store import TrajectoryStore
+    from agentrl.trainer.metrics import MetricsWriter
+    from agentrl.trainer.snapshots import behaviour_row, snapshot_path
+
+    run = tmp_path_factory.mktemp("run")
+    with TrajectoryStore(run / "trajectories.jsonl") as store:
+        store.append_group([_with_components(t) for t in trajectories(60, steps=3, seed=3)])
+    writer = MetricsWriter(run / "snapshots.jsonl")
+    for step in range(3):
+        snap = [_with_components(t) for t in trajectories(8, steps=1, seed=100 + step)]
+        path = snapshot_path(run / "checkpoints", step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with TrajectoryStore(path) as store:
+            store.append_group(snap)
+        for mode in ("sampled", "greedy"):
+            writer.write(behaviour_row(step, mode, snap, rollouts=str(path.relative_to(run)), time_s=1.0))
+    return run
+
+
+def test_run_dir_report_plots_snapshots_and_shows_components(run_dir: Path, tmp_path: Path) -> None:
+    from agentrl.cli import main
+
+    out = tmp_path / "run.html"
+    assert main(["view", str(run_dir), "-o", str(out)]) == 0
+    with open_report(out) as (page, probe):
+        assert page.locator("#snapshots").count() == 1
+        trends = page.locator(".snaptrends")
+        assert trends.count() == 2  # sampled and greedy
+        titles = page.eval_on_selector_all(".snaptrends svg.plot", "s => s.map(x => x.getAttribute('aria-label'))")
+        for mode in ("sampled", "greedy"):
+            for label in ("reward", "length (model tokens)", "format compliance"):
+                assert f"{mode}: {label}" in titles
+        assert page.locator("#snapshot-table tr").count() == 1 + 6
+        assert page.locator(".snapblock:not([hidden])").count() == 1
+        assert page.get_attribute('.snapblock[data-step="2"]', "hidden") is None
+        page.select_option("#snap-step-sel", "0")
+        assert page.get_attribute('.snapblock[data-step="0"]', "hidden") is None
+        assert page.get_attribute('.snapblock[data-step="2"]', "hidden") is not None
+        assert page.locator('.snapblock[data-step="0"] svg.plot').count() == 2  # reward and length histograms
+        assert "reward component: format (mean)" in page.inner_text("#summary-table")
+        page.click("#rows .row >> nth=0")
+        page.wait_for_selector("#detail .components")
+        assert "unit_tests" in page.inner_text("#detail .components")
+        page.screenshot(path=str(tmp_path / "snapshots.png"), full_page=True)
+        assert probe.errors == []
