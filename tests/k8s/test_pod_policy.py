@@ -181,3 +181,23 @@ def test_init_script_writes_the_token_the_backend_derives(tmp_path: Path) -> Non
 def test_label_values_are_sanitised() -> None:
     assert label_value("run/with spaces:and-ü") == "run-with-spaces-and"
     assert len(label_value("x" * 100)) == 63
+
+
+@pytest.mark.parametrize("pod, cause", [
+    (None, "deleted"),
+    ({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}, "status": {"phase": "Running"}}, "deleted"),
+    ({"metadata": {}, "status": {"phase": "Failed", "reason": "Evicted"}}, "evicted"),
+    ({"metadata": {}, "status": {"phase": "Failed", "reason": "DeadlineExceeded"}}, "deadline"),
+    ({"metadata": {}, "status": {"phase": "Running", "containerStatuses": [{"name": "sandbox", "state": {
+        "running": {}}}]}}, None),
+    ({"metadata": {}, "status": {"phase": "Failed", "containerStatuses": [{"name": "sandbox", "state": {
+        "terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}}, "oom"),
+    ({"metadata": {}, "status": {"phase": "Failed", "containerStatuses": [{"name": "sandbox", "state": {
+        "terminated": {"reason": "Error", "exitCode": 137}}}]}}, "signal:9"),
+    ({"metadata": {}, "status": {"phase": "Succeeded", "containerStatuses": [{"name": "sandbox", "state": {
+        "terminated": {"reason": "Completed", "exitCode": 0}}}]}}, "exited:0"),
+])
+def test_pod_death_cause(pod: dict | None, cause: str | None) -> None:
+    from agentrl.sandbox.k8s_pods import death_cause
+
+    assert death_cause(pod) == cause

@@ -108,3 +108,18 @@ def test_spec_becomes_limits_and_hardening(tmp_path: Path) -> None:
 
 def test_network_is_an_explicit_opt_in(tmp_path: Path) -> None:
     assert _config(SandboxSpec(network=True), tmp_path)["host_config"]["NetworkMode"] == "bridge"
+
+
+@pytest.mark.parametrize("state, cause", [
+    (None, "deleted"),
+    ({"Status": "removing", "Running": False}, "deleted"),
+    ({"Status": "running", "Running": True}, None),
+    ({"Status": "exited", "Running": False, "ExitCode": 137, "OOMKilled": True}, "oom"),
+    ({"Status": "exited", "Running": False, "ExitCode": 137, "OOMKilled": False}, "signal:9"),
+    ({"Status": "exited", "Running": False, "ExitCode": 0}, "exited:0"),
+    ({"Status": "exited", "Running": False, "ExitCode": 2}, "exited:2"),
+])
+def test_container_death_cause(state: dict | None, cause: str | None) -> None:
+    from agentrl.sandbox.docker import container_death_cause
+
+    assert container_death_cause(state) == cause
