@@ -50,7 +50,13 @@ class SandboxStartError(SandboxError):
 
 
 class SandboxDiedError(SandboxError):
-    pass
+    """The agent stopped answering. `in_flight` is a fact for failure attribution: True when the connection broke
+    (or the deadline passed) after a request had been sent, i.e. the agent died or hung DURING that request (e.g.
+    a command); False when it was unreachable before anything was sent (dead at connect time)."""
+
+    def __init__(self, message: str, *, in_flight: bool = False) -> None:
+        super().__init__(message)
+        self.in_flight = in_flight
 
 
 class EngineError(InfraError):

@@ -1,13 +1,13 @@
 """Sandboxes: isolated, stateful places where a trajectory's tool calls run.
 
 Public API: `SandboxPool` (leases), `Sandbox` (the handle a trajectory holds), `SandboxSpec`, `ExecResult`,
-`SandboxPathError`, the `SandboxBackend` protocol and `make_backend`. Backends live in `local.py` (bubblewrap),
-`docker.py`, `kubernetes.py`; the in-sandbox agent in `agent.py` (stdlib only, never imported by the host side
-except for its constants).
+`SandboxPathError`, `SandboxFileError`, the `SandboxBackend` protocol and `make_backend`. Backends live in `local.py`
+(bubblewrap), `docker.py`, `kubernetes.py`; the in-sandbox agent in `agent.py` (stdlib only, never imported by the
+host side except for its constants).
 """
 
 from agentrl.sandbox.base import AgentEndpoint, ExecResult, SandboxBackend, SandboxHandle, SandboxSpec
-from agentrl.sandbox.client import AgentClient, Sandbox, SandboxPathError
+from agentrl.sandbox.client import AgentClient, Sandbox, SandboxFileError, SandboxPathError
 from agentrl.sandbox.pool import SandboxPool, make_backend
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "Sandbox",
     "SandboxBackend",
     "SandboxHandle",
+    "SandboxFileError",
     "SandboxPathError",
     "SandboxPool",
     "SandboxSpec",

@@ -100,6 +100,13 @@ class SandboxBackend(Protocol):
 
     async def alive(self, handle: SandboxHandle) -> bool: ...
 
+    async def death_cause(self, handle: SandboxHandle) -> str | None:
+        """Why a sandbox whose agent stopped answering is gone, as far as the backend can prove it (a fact for
+        failure attribution, not a verdict): "deleted" (removed from outside), "evicted", "oom" (the kernel OOM-
+        killed the agent/container), "exited:<code>" / "signal:<n>" (how the agent process ended); None when unknown
+        or still running. Call it before the lease ends (the pool destroys the sandbox then)."""
+        ...
+
     async def sweep(self, *, run_id: str | None = None, all_runs: bool = False) -> int:
         """Remove orphans: sandboxes whose owning run is dead or whose TTL passed. Returns how many."""
         ...

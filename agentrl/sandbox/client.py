@@ -6,11 +6,16 @@ Does not own: creating or destroying sandboxes (backends), leasing them (pool).
 
 Exceptions raised by `Sandbox` methods:
 
-    SandboxDiedError (agentrl.errors, infra)   connection refused/reset, socket gone, no answer within the deadline
+    SandboxDiedError (agentrl.errors, infra)   connection refused/reset, socket gone, no answer within the deadline;
+                                               `.in_flight` says whether a request had been sent when it broke
     SandboxError     (agentrl.errors, infra)   the agent answered 5xx or rejected our token (a bug or misconfig)
-    SandboxPathError (PermissionError)         403: the path resolves outside the workspace -> a tool error
+    SandboxPathError (PermissionError)         403: the path resolves outside the workspace, or the sandbox user may
+                                               not access it -> a tool error / the policy's doing
+    SandboxFileError (ValueError)              the path is not a regular file (directory, FIFO, socket, device,
+                                               symlink) or is larger than the agent's read cap (413): the policy's
+                                               doing, never infra
     FileNotFoundError                          404 from /read
-    ValueError                                 400: bad arguments (e.g. reading a directory)
+    ValueError                                 400: bad arguments
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import select
 import socket
 from typing import Any
 
@@ -34,6 +40,15 @@ class SandboxPathError(PermissionError):
     """The agent refused a path outside the workspace (HTTP 403). A task-level failure: report it to the model."""
 
 
+class SandboxFileError(ValueError):
+    """The file cannot be read or written as one: not a regular file (kind "not_regular") or over the read cap
+    (kind "too_large", HTTP 413). What is in the workspace is the policy's doing: a task-level failure, not infra."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class _Connection:
     """One keep-alive HTTP/1.1 connection to the agent."""
 
@@ -41,9 +56,25 @@ class _Connection:
         self.reader = reader
         self.writer = writer
         self.reusable = True
+        self.sent = False  # the current request was handed to the transport (the agent may be acting on it)
+
+    def stale(self) -> bool:
+        """The agent closed this idle connection (it exited, or dropped it): do not send on it. Asks the kernel
+        (one poll): the event loop may not have seen the EOF yet. An idle connection is never readable (the agent
+        never speaks unasked), so readable means EOF or reset."""
+        if self.reader.at_eof() or self.writer.is_closing():
+            return True
+        sock = self.writer.get_extra_info("socket")
+        if sock is None:
+            return False
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN | select.POLLRDHUP)
+        return bool(poller.poll(0))
 
     async def roundtrip(self, head: bytes, body: bytes) -> tuple[int, bytes]:
+        self.sent = False
         self.writer.write(head + body)
+        self.sent = True
         raw = await self.reader.readuntil(b"\r\n\r\n")
         lines = raw.decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
@@ -80,7 +111,8 @@ class AgentClient:
 
     async def request(self, method: str, path: str, payload: dict[str, Any] | None, *,
                       timeout: float) -> tuple[int, dict[str, Any]]:
-        """One request; returns (status, decoded JSON). Transport failures raise SandboxDiedError."""
+        """One request; returns (status, decoded JSON). Transport failures raise SandboxDiedError, with
+        `in_flight=True` when the request had been sent (the agent died or hung while handling it)."""
         if self._closed:
             raise SandboxDiedError(f"client for agent {self.endpoint.address} is closed")
         body = json.dumps(payload).encode() if payload is not None else b""
@@ -89,22 +121,32 @@ class AgentClient:
             conn = None
             try:
                 async with asyncio.timeout(timeout):
-                    conn = self._idle.pop() if self._idle else await self._connect()
+                    conn = self._take_idle() or await self._connect()
                     status, raw = await conn.roundtrip(head, body)
             except TimeoutError:
                 self._discard(conn)
                 raise SandboxDiedError(
-                    f"agent at {self.endpoint.address} did not answer {method} {path} within {timeout:.1f}s") from None
+                    f"agent at {self.endpoint.address} did not answer {method} {path} within {timeout:.1f}s",
+                    in_flight=conn is not None and conn.sent) from None
             except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
                 self._discard(conn)
+                sent = conn is not None and conn.sent
                 raise SandboxDiedError(
-                    f"agent at {self.endpoint.address} is gone ({type(e).__name__}: {e}) during {method} {path}"
-                ) from e
+                    f"agent at {self.endpoint.address} is gone ({type(e).__name__}: {e}) "
+                    f"{'during' if sent else 'before'} {method} {path}", in_flight=sent) from e
             except BaseException:  # cancelled mid-request: the connection's state is unknown
                 self._discard(conn)
                 raise
             self._release(conn)
         return status, _decode(raw, status)
+
+    def _take_idle(self) -> _Connection | None:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.stale():
+                return conn
+            conn.close()
+        return None
 
     async def _connect(self) -> _Connection:
         ep = self.endpoint
@@ -142,7 +184,9 @@ def _decode(raw: bytes, status: int) -> dict[str, Any]:
         obj = {"error": raw[:500].decode("utf-8", "replace")}
     if not isinstance(obj, dict):
         obj = {"error": f"unexpected response {obj!r:.200}"}
-    return obj if status == 200 else {"error": obj.get("error", f"HTTP {status}")}
+    if status == 200:
+        return obj
+    return {"error": obj.get("error", f"HTTP {status}"), "kind": obj.get("kind")}
 
 
 def _raise_for(status: int, obj: dict[str, Any], what: str) -> None:
@@ -151,6 +195,8 @@ def _raise_for(status: int, obj: dict[str, Any], what: str) -> None:
     msg = f"{what}: {obj.get('error')}"
     if status == 403:
         raise SandboxPathError(msg)
+    if status == 413 or (status == 400 and obj.get("kind") == "not_regular"):
+        raise SandboxFileError(msg, obj.get("kind") or "too_large")
     if status == 404:
         raise FileNotFoundError(msg)
     if status in (400, 413):
@@ -165,6 +211,17 @@ class Sandbox:
         self.handle = handle
         self.spec = spec
         self.client = client or AgentClient(handle.endpoint)
+        self.agent_info: dict[str, Any] = {}  # the last /health answer (the pool checks health before every lease)
+
+    @property
+    def uid_separated(self) -> bool:
+        """Commands run under a uid other than the agent's (they cannot signal, trace or read it). False until a
+        health check said so; the pool health-checks every sandbox before handing it out."""
+        return self.agent_info.get("uid_separated") is True
+
+    @property
+    def command_uid(self) -> int | None:
+        return self.agent_info.get("command_uid")
 
     @property
     def id(self) -> str:
@@ -174,16 +231,28 @@ class Sandbox:
         return f"Sandbox(id={self.id!r}, backend={self.handle.backend!r})"
 
     async def exec(self, cmd: str | list[str], *, timeout: float | None = None, cwd: str | None = None,
-                   env: dict[str, str] | None = None, stdin: str | None = None) -> ExecResult:
-        """Run `cmd` (a string goes through /bin/sh -c) in the workspace. A timeout is data (timed_out=True)."""
+                   env: dict[str, str] | None = None, stdin: str | None = None,
+                   kill_leftovers: bool = False) -> ExecResult:
+        """Run `cmd` (a string goes through /bin/sh -c) in the workspace. A timeout is data (timed_out=True).
+        `kill_leftovers`: afterwards kill every process the sandbox user still has (as `kill_all()`), so nothing the
+        command started in the background outlives the call."""
         limit = timeout if timeout is not None else self.spec.default_timeout_s
         payload: dict[str, Any] = {"cmd": cmd, "timeout": limit, "output_limit": self.spec.output_limit}
         for key, value in (("cwd", cwd), ("env", env), ("stdin", stdin)):
             if value is not None:
                 payload[key] = value
+        if kill_leftovers:
+            payload["kill_leftovers"] = True
         status, obj = await self.client.request("POST", "/exec", payload, timeout=limit + EXEC_GRACE_S)
         _raise_for(status, obj, f"exec in sandbox {self.id}")
         return ExecResult(**obj)
+
+    async def kill_all(self) -> int:
+        """SIGKILL every process of the sandbox user (every process commands started, daemons included; with uid
+        separation nothing of the agent) until none is left. Returns how many were killed. Call it before grading."""
+        status, obj = await self.client.request("POST", "/kill_all", {}, timeout=IO_TIMEOUT_S)
+        _raise_for(status, obj, f"kill_all in sandbox {self.id}")
+        return int(obj["killed"])
 
     async def write_file(self, path: str, content: str | bytes, mode: int = 0o644) -> None:
         data = content.encode() if isinstance(content, str) else bytes(content)
@@ -205,6 +274,8 @@ class Sandbox:
             status, obj = await self.client.request("GET", "/health", None, timeout=HEALTH_TIMEOUT_S)
         except SandboxDiedError:
             return False
+        if status == 200:
+            self.agent_info = obj
         return status == 200 and obj.get("ok") is True
 
     async def close(self) -> None:

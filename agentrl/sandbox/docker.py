@@ -9,12 +9,14 @@ the in-sandbox agent over the unix socket through `client.py`; never `docker exe
 One sandbox = one container:
 
     command    python3 (alarm at ttl_s, then exec) python3 /agentrl/agent.py --unix /agentrl-sock/agent.sock
-               --workspace /workspace; docker-init (tini) is pid 1 and reaps orphans
+               --workspace /workspace [--run-as 1000:1000]; docker-init (tini) is pid 1
     mounts     agent.py read-only at /agentrl/agent.py; the host socket dir at /agentrl-sock;
                tmpfs /workspace and /tmp (size = spec.disk, owned by the sandbox user)
     limits     nano_cpus = spec.cpus, mem_limit == memswap_limit = spec.memory (no swap), pids_limit = spec.pids
-    hardening  user 1000:1000, read-only root fs, cap_drop ALL, no-new-privileges, Docker's default seccomp,
-               network "none" unless spec.network (then `network`, default "bridge")
+    hardening  read-only root fs, cap_drop ALL, no-new-privileges, Docker's default seccomp, network "none" unless
+               spec.network (then `network`, default "bridge"); uid separation when the host side is root: the
+               agent is container uid 0 with only CAP_SETUID, CAP_SETGID, CAP_KILL added back and runs every command
+               as 1000:1000 (`--run-as`), which cannot signal, ptrace or read it nor reach its socket directory
     labels     agentrl.owner=agentrl, agentrl.run_id, agentrl.owner_host, agentrl.owner_pid, agentrl.owner_start,
                agentrl.created_at, agentrl.ttl_s, agentrl.sock_dir
 
@@ -22,10 +24,11 @@ Leak-proofing: the agent gets SIGALRM at ttl_s, so the container stops even if n
 removes containers whose TTL passed, whose owner process on this host is gone (pid + start time, so a reused pid is
 not mistaken for the owner), or of a given run.
 
-The socket directory is created by the host, handed to the sandbox uid while the agent binds its socket, and (when
-the host side runs as root) taken back to root:root 0711 once the agent answers, so code in the sandbox cannot write
-to the host's disk through it. A non-root host user runs sandboxes under its own uid:gid (so the 0600 socket is
-reachable) and keeps the directory under $XDG_RUNTIME_DIR (a small per-user tmpfs) when that is set.
+The socket directory is created by the host root:root 0700: the agent (container root, the owner) binds its socket
+there and commands (uid 1000) cannot enter it, so they can neither replace the socket nor write to the host's disk
+through it. A non-root host user runs sandboxes under its own uid:gid with no separation (so the 0600 socket is
+reachable; `uid_separated: false`) and keeps the directory under $XDG_RUNTIME_DIR (a small per-user tmpfs) when that
+is set; the directory is its own throughout.
 
 The Docker Engine must be local (bind mounts of host paths): DOCKER_HOST over TCP/SSH to another machine does not work.
 """
@@ -75,6 +78,7 @@ AGENT_PATH = "/agentrl/agent.py"
 SOCK_DIR = "/agentrl-sock"
 WORKSPACE = "/workspace"
 SANDBOX_UID = 1000
+AGENT_CAPS = ["SETUID", "SETGID", "KILL"]  # the workspace tmpfs is created owned by 1000: no CAP_CHOWN needed
 # argv: TTL, then the command to exec; SIGALRM's default action ends the agent at the TTL (the alarm survives exec).
 _TTL_EXEC = "import os, signal, sys; signal.alarm(int(sys.argv[1])); os.execvp(sys.argv[2], sys.argv[2:])"
 RUN_ID_KEYS = (L_RUN, "agentrl/run-id", "run_id")  # where a caller's labels may carry the run id
@@ -120,6 +124,18 @@ def should_remove(labels: dict[str, str], *, now: float, host: str, run_id: str 
     if run_id is not None:
         return labels.get(L_RUN) == run_id
     return _expired(labels, now) or _owner_dead(labels, host)
+
+
+def container_death_cause(state: dict[str, Any] | None) -> str | None:
+    """The death cause of a container from its inspect State (None: no such container). Pure, unit-tested."""
+    if state is None or state.get("Status") in ("removing", "dead"):
+        return "deleted"
+    if state.get("Running") or state.get("Status") in ("created", "restarting", "paused"):
+        return None
+    code = int(state.get("ExitCode") or 0)
+    if state.get("OOMKilled") and code in (137, -9):
+        return "oom"
+    return f"signal:{code - 128}" if code > 128 else f"exited:{code}"
 
 
 def _why(e: Exception) -> str:
@@ -168,7 +184,12 @@ class DockerBackend:
         self._pid = os.getpid()
         self._pid_start = _proc_start(self._pid) or ""
         self._root_host = os.geteuid() == 0
-        self._user = f"{SANDBOX_UID}:{SANDBOX_UID}" if self._root_host else f"{os.geteuid()}:{os.getegid()}"
+        # who owns the workspace and runs commands: 1000 when separated from the (root) agent, else the host user
+        self._command_user = f"{SANDBOX_UID}:{SANDBOX_UID}" if self._root_host else f"{os.geteuid()}:{os.getegid()}"
+        if not self._root_host:
+            log.warning("DockerBackend: not running as root, so each container runs its agent and commands under one "
+                        "uid (uid_separated=false): a command can kill or trace its sandbox's agent. Run as root for "
+                        "uid separation.")
 
     def __repr__(self) -> str:
         return f"DockerBackend(docker_host={self._docker_host!r}, socket_root={str(self._socket_root)!r})"
@@ -222,7 +243,6 @@ class DockerBackend:
             await self._call(self._make_sock_dir, sock_dir)
             await self._create_and_start(handle, spec, sock_dir)
             await self._wait_ready(handle, time.monotonic() + self._start_timeout_s)
-            await self._call(self._lock_sock_dir, sock_dir)
         except BaseException:
             await asyncio.shield(self._discard(handle))
             raise
@@ -240,15 +260,7 @@ class DockerBackend:
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
             raise ConfigError(f"sandbox socket directory {self._socket_root} is not a directory owned by uid "
                               f"{os.geteuid()}; remove it or pass another state_dir")
-        sock_dir.mkdir(mode=0o700)
-        if self._root_host:
-            os.chown(sock_dir, SANDBOX_UID, SANDBOX_UID)
-
-    def _lock_sock_dir(self, sock_dir: Path) -> None:
-        """After the agent bound its socket: the sandbox uid may no longer create files in the directory."""
-        if self._root_host:
-            os.chown(sock_dir, 0, 0)
-            os.chmod(sock_dir, 0o711)
+        sock_dir.mkdir(mode=0o700)  # ours (root:root when separated): only the agent, as container root, enters
 
     async def _create_and_start(self, handle: SandboxHandle, spec: SandboxSpec, sock_dir: Path) -> None:
         api = await self.api()
@@ -269,7 +281,7 @@ class DockerBackend:
         handle.timings.update(create_s=t1 - t0, start_s=time.monotonic() - t1)
 
     def _container_config(self, api: Any, handle: SandboxHandle, spec: SandboxSpec, sock_dir: Path) -> dict:
-        uid, gid = self._user.split(":")
+        uid, gid = self._command_user.split(":")
         tmpfs_opts = f"size={spec.disk_bytes},uid={uid},gid={gid},mode=0755,exec"
         host_config = api.create_host_config(
             binds={str(self._agent_file): {"bind": AGENT_PATH, "mode": "ro"},
@@ -277,14 +289,18 @@ class DockerBackend:
             tmpfs={WORKSPACE: tmpfs_opts, "/tmp": f"size={spec.disk_bytes},mode=1777,exec"},
             nano_cpus=int(spec.cpus * 1e9), mem_limit=spec.memory_bytes, memswap_limit=spec.memory_bytes,
             pids_limit=spec.pids, network_mode=self._network if spec.network else "none",
-            read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"], init=True,
+            read_only=True, cap_drop=["ALL"], cap_add=AGENT_CAPS if self._root_host else None,
+            security_opt=["no-new-privileges"], init=True,
             ulimits=[Ulimit(name="core", soft=0, hard=0), Ulimit(name="nofile", soft=4096, hard=4096)],
             log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
         )
         agent = ["python3", AGENT_PATH, "--unix", f"{SOCK_DIR}/agent.sock", "--workspace", WORKSPACE]
+        if self._root_host:
+            agent += ["--run-as", self._command_user]
         command = ["python3", "-c", _TTL_EXEC, str(spec.ttl_s), *agent]
         return {"image": spec.image, "name": handle.id, "command": command,
-                "user": self._user, "working_dir": WORKSPACE, "hostname": "sandbox", "labels": handle.labels,
+                "user": "0:0" if self._root_host else self._command_user, "working_dir": WORKSPACE,
+                "hostname": "sandbox", "labels": handle.labels,
                 "environment": {"HOME": WORKSPACE}, "host_config": host_config}
 
     async def _wait_ready(self, handle: SandboxHandle, deadline: float) -> None:
@@ -339,6 +355,17 @@ class DockerBackend:
         except (docker.errors.DockerException, OSError, SandboxStartError):
             return await probe_health(handle.endpoint)
         return bool(state and state.get("Running") and not state.get("Restarting"))
+
+    async def death_cause(self, handle: SandboxHandle) -> str | None:
+        """From docker inspect: "deleted" (no such container, or being removed), "oom" (the kernel OOM-killed the
+        container's agent: OOMKilled with a SIGKILL exit), "signal:<n>" (exit code 128+n, as docker-init reports a
+        signalled agent), "exited:<code>"; None while it runs, or when dockerd does not answer."""
+        try:
+            state = await self._state(handle)
+        except (docker.errors.DockerException, requests.RequestException, OSError, SandboxStartError) as e:
+            log.warning("docker inspect %s failed: %s", handle.id, e)
+            return None
+        return container_death_cause(state)
 
     async def oom_kills(self, handle: SandboxHandle) -> int:
         """How many times the kernel's OOM killer fired in this container's cgroup since it was created (Docker

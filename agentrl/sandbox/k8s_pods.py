@@ -11,10 +11,19 @@ One sandbox pod:
         copies agent.py from the agent ConfigMap (mounted only here) into the `agentrl` emptyDir and writes
         `token` = HMAC-SHA256(namespace key, pod name), 0400; the key Secret is mounted only here
     container sandbox: python3 /agentrl/agent.py --tcp $(POD_IP):PORT --token-file /agentrl/token
-        --workspace /workspace; /agentrl read-only, /workspace and /tmp emptyDirs of spec.disk each
+        --workspace /workspace --run-as 1000:1000; /agentrl read-only, /workspace and /tmp emptyDirs of spec.disk
     pod: no service-account token, no service links, restartPolicy Never, activeDeadlineSeconds as TTL,
-        runAsNonRoot (uid/gid 1000), seccomp RuntimeDefault; every container: no privilege escalation,
-        read-only root filesystem, all capabilities dropped, resources requests == limits
+        runAsNonRoot (uid/gid 1000) by default, seccomp RuntimeDefault, no fsGroup; every container: no privilege
+        escalation, read-only root filesystem, all capabilities dropped, resources requests == limits
+
+Why the agent container is NOT runAsNonRoot: uid separation. The agent runs as uid 0 with only CHOWN, KILL, SETGID
+and SETUID added back (no_new_privs via allowPrivilegeEscalation: false) and starts every command as 1000:1000, so a
+command can neither signal, ptrace nor read the agent (its environ, fds, memory) nor read the token (root, 0400,
+written by the init container, which runs as uid 0 without any capability for that reason). A non-root agent would
+share its uid with the commands and all of that would be open to them. No fsGroup: it would add group 1000 to the
+agent and make volume files group-readable (the token included); the emptyDirs are 0777, and the agent chowns the
+workspace root to 1000 (CAP_CHOWN; tools such as git refuse a repository owned by another user). Pod Security: this
+needs the "baseline" level (it allows exactly these capabilities), not "restricted".
 
 Why a derived token: no per-pod Secret (no extra API calls, nothing to garbage-collect), and the token is in no API
 object, so anyone who may read pods still cannot call a sandbox; a sandbox that reads its own token learns nothing
@@ -193,9 +202,18 @@ class PodOptions:
     template: Any = None  # a PodTemplateSpec-like mapping (metadata + spec), see merge_template()
 
 
+AGENT_CAPS = ["CHOWN", "KILL", "SETGID", "SETUID"]  # see "Why the agent container is NOT runAsNonRoot" above
+
+
 def _restricted(read_only_root: bool = True) -> Obj:
     return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": read_only_root, "privileged": False,
             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+
+
+def _as_root(add: list[str]) -> Obj:
+    """uid 0 (agent / token writer) with only `add` of the capabilities; everything else as _restricted()."""
+    caps: Obj = {"drop": ["ALL"], **({"add": list(add)} if add else {})}
+    return {**_restricted(), "runAsNonRoot": False, "runAsUser": 0, "runAsGroup": 0, "capabilities": caps}
 
 
 def _resources(cpu: str, memory: str, storage: str) -> Obj:
@@ -211,7 +229,7 @@ def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
         "name": INIT, "image": spec.image,
         "command": ["python3", "-c", INIT_SCRIPT, f"{SRC_DIR}/agent.py", f"{KEY_DIR}/key", AGENT_DIR],
         "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
-        "resources": _resources("100m", "64Mi", "16Mi"), "securityContext": _restricted(),
+        "resources": _resources("100m", "64Mi", "16Mi"), "securityContext": _as_root([]),
         "volumeMounts": [{"name": "agent-src", "mountPath": SRC_DIR, "readOnly": True},
                          {"name": "agent-key", "mountPath": KEY_DIR, "readOnly": True},
                          {"name": "agentrl", "mountPath": AGENT_DIR}],
@@ -219,7 +237,7 @@ def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
     main = {
         "name": CONTAINER, "image": spec.image,
         "command": ["python3", f"{AGENT_DIR}/agent.py", "--tcp", f"$(POD_IP):{opts.agent_port}",
-                    "--token-file", f"{AGENT_DIR}/token", "--workspace", WORKSPACE],
+                    "--token-file", f"{AGENT_DIR}/token", "--workspace", WORKSPACE, "--run-as", f"{UID}:{UID}"],
         "workingDir": WORKSPACE,
         "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                 {"name": "HOME", "value": WORKSPACE}, {"name": "TMPDIR", "value": TMP}],
@@ -227,7 +245,7 @@ def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
         "readinessProbe": {"tcpSocket": {"port": "agent"}, "periodSeconds": 1, "timeoutSeconds": 1,
                            "successThreshold": 1, "failureThreshold": 3},
         "resources": _resources(cpu_quantity(spec.cpus), quantity(spec.memory_bytes), storage),
-        "securityContext": _restricted(),
+        "securityContext": _as_root(AGENT_CAPS),
         "volumeMounts": [{"name": "agentrl", "mountPath": AGENT_DIR, "readOnly": True},
                          {"name": "workspace", "mountPath": WORKSPACE}, {"name": "tmp", "mountPath": TMP}],
     }
@@ -236,7 +254,7 @@ def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
     out: Obj = {
         "automountServiceAccountToken": False, "enableServiceLinks": False, "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 2, "activeDeadlineSeconds": int(deadline_s),
-        "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "initContainers": [init], "containers": [main],
         "volumes": [{"name": "agentrl", "emptyDir": {"sizeLimit": "16Mi"}},
@@ -367,6 +385,29 @@ def death_reason(pod: Obj | None, deleted: bool) -> str | None:
         if waiting.get("reason") in FATAL_WAITING:
             return f"container {cs.get('name')}: {waiting['reason']}: {waiting.get('message', '')}".strip()
     return None
+
+
+def death_cause(pod: Obj | None) -> str | None:
+    """The provable cause of a sandbox pod's death, for failure attribution: "deleted" (no such pod, or being
+    deleted), "evicted", "deadline" (activeDeadlineSeconds, the TTL), "oom" (the kernel OOM-killed the sandbox
+    container), "signal:<n>" / "exited:<code>" (how the agent ended); None while it runs or when unknown."""
+    if pod is None or pod.get("metadata", {}).get("deletionTimestamp"):
+        return "deleted"
+    st = pod.get("status", {})
+    if st.get("reason") == "Evicted":
+        return "evicted"
+    if st.get("reason") == "DeadlineExceeded":
+        return "deadline"
+    cs = container_status(pod)
+    term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+    if not term:
+        return None
+    if term.get("reason") == "OOMKilled":
+        return "oom"
+    if term.get("signal"):
+        return f"signal:{term['signal']}"
+    code = int(term.get("exitCode") or 0)
+    return f"signal:{code - 128}" if code > 128 else f"exited:{code}"
 
 
 def started_at(pod: Obj) -> float | None:

@@ -52,6 +52,7 @@ from agentrl.sandbox.k8s_pods import (
     agent_configmap,
     agent_configmap_name,
     check_template,
+    death_cause as pod_death_cause,
     derive_token,
     key_secret,
 )
@@ -136,6 +137,7 @@ class KubernetesBackend:
         self._bootstrapped = False
         self._start_lock = asyncio.Lock()
         self._closed = False
+        self._pod_names: dict[str, str] = {}  # handle id (pod or claim name) -> pod name, for death_cause()
 
     def __repr__(self) -> str:
         c = self.config
@@ -236,6 +238,7 @@ class KubernetesBackend:
             await asyncio.shield(self._discard(plane, got.name))
             raise
         timings = {"create_s": got.acquired_s, "agent_ready_s": time.monotonic() - t1, "warm_hit": float(got.warm)}
+        self._pod_names[got.name] = got.pod_name
         return SandboxHandle(id=got.name, backend=self.name, endpoint=endpoint, labels=got.labels, timings=timings)
 
     def _endpoint(self, ip: str, pod_name: str) -> AgentEndpoint:
@@ -269,6 +272,7 @@ class KubernetesBackend:
         """Delete the pod (or claim). Idempotent."""
         if self.plane is None:
             return
+        self._pod_names.pop(handle.id, None)
         try:
             await self.plane.release(handle.id)
         except ApiError as e:
@@ -279,6 +283,21 @@ class KubernetesBackend:
         if self.plane is None:
             return False
         return self.plane.death(handle.id) is None and self.plane.known(handle.id)
+
+    async def death_cause(self, handle: SandboxHandle) -> str | None:
+        """From a fresh GET of the sandbox's pod (see `k8s_pods.death_cause`): 404 -> "deleted"; None when the API
+        does not answer."""
+        if self.api is None:
+            return None
+        pod_name = self._pod_names.get(handle.id, handle.id)
+        try:
+            pod = await self.api.request("GET", f"/api/v1/namespaces/{self.config.namespace}/pods/{pod_name}")
+        except ApiError as e:
+            if e.status == 404:
+                return "deleted"
+            log.warning("could not read pod %s to tell why it died: %s", pod_name, e)
+            return None
+        return pod_death_cause(pod)
 
     async def sweep(self, *, run_id: str | None = None, all_runs: bool = False) -> int:
         """Delete agentrl sandboxes in the namespace and return how many: with neither argument, orphans (claimed by

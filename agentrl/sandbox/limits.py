@@ -13,8 +13,9 @@ and blocks the event loop). All functions here do blocking file I/O: call them t
     cgroup1    memory.limit_in_bytes(+sw)  pids.max           cfs_quota_us     (tmpfs size, RLIMIT_FSIZE)
     rlimit     RLIMIT_AS per process       RLIMIT_NPROC (*)   RLIMIT_CPU (s)   (tmpfs size, RLIMIT_FSIZE)
 
-(*) the kernel does not enforce RLIMIT_NPROC for processes of host uid 0, so `enforces_pids` is False when the
-    sandboxes run as root on the host and only rlimits are available.
+(*) only for a non-root host user: the kernel does not enforce RLIMIT_NPROC for host uid 0 (the agent), and the
+    commands of uid-separated sandboxes are host uid 1000 in every sandbox, so one count would span all sandboxes.
+    `enforces_pids` is False when the sandboxes run as root on the host and only rlimits are available.
 """
 
 from __future__ import annotations
@@ -73,7 +74,9 @@ class Limiter:
         rlimits = [("core", 0), ("fsize", spec.disk_bytes)]
         if self.mode == "rlimit":
             cpu_s = max(1, math.ceil(spec.ttl_s * spec.cpus))
-            rlimits += [("as", spec.memory_bytes), ("nproc", spec.pids), ("cpu", cpu_s)]
+            rlimits += [("as", spec.memory_bytes), ("cpu", cpu_s)]
+            if os.geteuid() != 0:  # see (*) in the module docstring
+                rlimits.append(("nproc", spec.pids))
             return LimitPlan(self.mode, (), tuple(rlimits), self.prlimit)
         dirs = []
         try:
@@ -206,6 +209,23 @@ def _pids(cgroup: str) -> list[int]:
         return [int(p) for p in Path(cgroup, "cgroup.procs").read_text().split()]
     except (OSError, ValueError):
         return []
+
+
+def oom_kills(cgroups: tuple[str, ...] | list[str]) -> int:
+    """How many processes the kernel OOM-killed in these cgroups (cgroup v2 memory.events oom_kill; cgroup v1
+    memory.oom_control oom_kill, kernels >= 4.13). 0 when unknown."""
+    total = 0
+    for cg in cgroups:
+        for name in ("memory.events", "memory.oom_control"):
+            try:
+                text = Path(cg, name).read_text()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit():
+                    total += int(value)
+    return total
 
 
 def kill_cgroups(cgroups: tuple[str, ...] | list[str], *, deadline_s: float = 5.0) -> None:

@@ -12,10 +12,18 @@ Each sandbox gets `<state root>/<id>/` on the host:
     agent.log    stderr of bwrap and the agent (read back when a start fails)
     passwd,group bound read-only over /etc/passwd and /etc/group (uid 1000 "agent")
 
-Inside: uid/gid 1000 in a fresh user namespace (no capabilities on the host), new pid/net/ipc/uts namespaces,
-read-only /usr (and /bin, /lib* links), a few files of /etc, a size-limited tmpfs at /workspace, /tmp and /dev/shm,
-minimal /dev and /proc; no /root, /home, /work or other host directories unless `ro_binds` names them.
-Killing bwrap (our child) kills the sandbox's pid namespace (--die-with-parent); cgroups catch the rest.
+Inside: new pid/net/ipc/uts/mount namespaces, read-only /usr (and /bin, /lib* links), a few files of /etc, a
+size-limited tmpfs at /workspace, /tmp and /dev/shm, minimal /dev and /proc; no /root, /home, /work or other host
+directories unless `ro_binds` names them. Killing bwrap (our child) kills the sandbox's pid namespace
+(--die-with-parent); cgroups catch the rest. Who runs as whom depends on the host user:
+
+    host root   uid separation (`uid_separated`): no user namespace; the agent runs as uid 0 with only CAP_CHOWN,
+                CAP_KILL, CAP_SETGID, CAP_SETUID (bwrap --cap-drop ALL --cap-add ...) and no_new_privs, and starts
+                every command as uid/gid 1000 (`--run-as`), which can neither signal, ptrace nor read the agent nor
+                enter run/ (root, 0700). Commands are host uid 1000 confined to the sandbox's namespaces; they may
+                still create user namespaces of their own (bwrap's --disable-userns needs --unshare-user).
+    other       one uid: a fresh user namespace maps the host user to uid/gid 1000, and the agent and its commands
+                share it, so a command can kill or trace the agent (`uid_separated: false`; warned once per backend)
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
 log = logging.getLogger("agentrl.sandbox")
 
 SANDBOX_UID = 1000
+AGENT_CAPS = ("CAP_CHOWN", "CAP_KILL", "CAP_SETGID", "CAP_SETUID")  # chown the workspace root; kill/run as 1000
 AGENT_DIR = "/.agentrl"
 WORKSPACE = "/workspace"
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -103,6 +112,12 @@ class LocalBackend:
         if self.unsafe:
             log.warning("LocalBackend(unsafe_no_isolation=True): sandboxes are PLAIN PROCESSES on this host with "
                         "full access to its files and network. Use only for trusted code.")
+        # uid separation needs a second uid, hence real root (a user namespace of an unprivileged user maps one uid)
+        self.uid_separated = not self.unsafe and os.geteuid() == 0
+        if not self.uid_separated and not self.unsafe:
+            log.warning("LocalBackend: not running as root, so sandboxes run the agent and its commands under ONE uid "
+                        "(uid_separated=false): a command can kill or trace its sandbox's agent. Run as root, or use "
+                        "the docker / kubernetes backend, where commands run under a uid of their own.")
         self.python = python or ("/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
         self.ro_binds = tuple(str(Path(p).resolve()) for p in ro_binds)
         self.path_prepend: tuple[str, ...] = ()
@@ -220,14 +235,20 @@ class LocalBackend:
                     "--workspace", str(path / "workspace")]
         agent = [self.python, "-I", "-S", f"{AGENT_DIR}/agent.py", "--unix", f"{AGENT_DIR}/run/agent.sock",
                  "--workspace", WORKSPACE]
+        if self.uid_separated:
+            agent += ["--run-as", f"{SANDBOX_UID}:{SANDBOX_UID}"]
         return [self.bwrap, *self._namespace_args(spec), *self._mount_args(spec, path), *self._env_args(),
                 "--chdir", WORKSPACE, "--", *agent]
 
-    @staticmethod
-    def _namespace_args(spec: SandboxSpec) -> list[str]:
-        args = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--disable-userns",
-                "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox",
-                "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+    def _namespace_args(self, spec: SandboxSpec) -> list[str]:
+        if self.uid_separated:  # no user namespace: the agent is root with a handful of capabilities
+            args = ["--cap-drop", "ALL"]
+            for cap in AGENT_CAPS:
+                args += ["--cap-add", cap]
+        else:
+            args = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--disable-userns"]
+        args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox",
+                 "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
         if not spec.network:
             args.append("--unshare-net")
         return args
@@ -244,14 +265,31 @@ class LocalBackend:
         disk = str(spec.disk_bytes)
         shm = str(min(spec.disk_bytes, 64 * 1024 * 1024))
         args += ["--ro-bind", str(path / "passwd"), "/etc/passwd", "--ro-bind", str(path / "group"), "/etc/group",
-                 "--proc", "/proc", "--dev", "/dev", "--size", shm, "--tmpfs", "/dev/shm",
-                 "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs", WORKSPACE]
-        for extra in self.ro_binds + self._interpreter_binds():  # after the tmpfs mounts: a venv under /tmp stays
+                 "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", shm, "--tmpfs", "/dev/shm",
+                 "--perms", "1777", "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs", WORKSPACE]
+        extras = self.ro_binds + self._interpreter_binds()
+        for parent in self._parent_dirs(extras):
+            args += ["--perms", "0755", "--dir", parent]
+        for extra in extras:  # after the tmpfs mounts: a venv under /tmp stays visible
             args += ["--ro-bind", extra, extra]
         args += ["--ro-bind", self._agent_file, f"{AGENT_DIR}/agent.py",
                  "--bind", str(path / "run"), f"{AGENT_DIR}/run",
                  "--remount-ro", "/"]  # the root tmpfs bwrap builds would otherwise be writable (and unlimited)
         return args
+
+    def _parent_dirs(self, targets: Sequence[str]) -> list[str]:
+        """Directories bwrap would create on the way to `targets`. As root it creates them 0700, which the sandbox
+        user could not traverse: with uid separation they are created 0755 first (in the read-only root)."""
+        if not self.uid_separated:
+            return []
+        covered = ("/tmp", WORKSPACE, "/dev", "/proc", AGENT_DIR, *SYSTEM_DIRS)
+        out: list[str] = []
+        for target in targets:
+            for parent in reversed(Path(target).parents[:-1] if len(Path(target).parents) > 1 else ()):
+                name = str(parent)
+                if name not in out and not any(name == c or name.startswith(c + "/") for c in covered):
+                    out.append(name)
+        return out
 
     def _interpreter_binds(self) -> tuple[str, ...]:
         """The agent's interpreter must be visible: outside /usr, bind its installation prefix read-only."""
@@ -353,6 +391,27 @@ class LocalBackend:
             return live.proc.returncode is None
         state = await asyncio.to_thread(self._read_state, self.state_root / handle.id)
         return state is not None and _alive(state.get("pid"), state.get("pid_start"))
+
+    async def death_cause(self, handle: SandboxHandle) -> str | None:
+        """Why the sandbox is gone, as far as this host can prove: "deleted" (its state dir was removed from outside,
+        e.g. by a sweep), "oom" (its agent died of SIGKILL and the kernel OOM-killed in its cgroup), "signal:<n>" /
+        "exited:<code>" (how bubblewrap, which mirrors the agent, ended); None while it runs or when unknown."""
+        if not await asyncio.to_thread((self.state_root / handle.id).is_dir):
+            return "deleted"
+        live = self._live.get(handle.id)
+        if live is None:
+            return None
+        if live.proc.returncode is None:
+            try:  # the agent just died: bwrap (pid 1 of the sandbox, then its monitor) follows within milliseconds
+                async with asyncio.timeout(1.0):
+                    await live.proc.wait()
+            except TimeoutError:
+                return None
+        code = live.proc.returncode
+        signum = -code if code < 0 else code - 128 if code > 128 else None  # bwrap reports a signal as 128 + n
+        if signum == signal.SIGKILL and await asyncio.to_thread(limits.oom_kills, live.plan.cgroups) > 0:
+            return "oom"
+        return f"signal:{signum}" if signum is not None else f"exited:{code}"
 
     @staticmethod
     def _read_state(path: Path) -> dict | None:

@@ -224,6 +224,18 @@ class SandboxPool:
             self._grace_waiters -= 1
         return bool(self._ready)
 
+    async def death_cause(self, sb: Sandbox) -> str | None:
+        """The backend's proven cause of `sb`'s death (see `SandboxBackend.death_cause`); None when the backend cannot
+        tell (or fails to: this never raises for a backend error). Call it inside the lease."""
+        probe = getattr(self.backend, "death_cause", None)
+        if probe is None:
+            return None
+        try:
+            return await probe(sb.handle)
+        except Exception as e:  # noqa: BLE001 - a fact we could not get is "unknown", not a second failure
+            log.warning("could not tell why sandbox %s died: %s", sb.id, e)
+            return None
+
     async def _start(self) -> Sandbox:
         """Create a sandbox and confirm its agent answers; retry up to start_attempts. Raises SandboxStartError."""
         last: BaseException | None = None

@@ -10,8 +10,9 @@ pod status as a kubelet does (scheduled, podIP, init/container states, Ready fro
 Failed when a container exits), enforces `activeDeadlineSeconds` (phase Failed, reason DeadlineExceeded), finishes
 graceful deletions (SIGTERM, then SIGKILL after the grace period, then removes the object), and reports images in
 `bad_images` as ErrImagePull / ImagePullBackOff. Pods not matching `run_selector` become Running without processes
-(e.g. the rollout workers' own pods). Not simulated: images, users, read-only mounts, resource limits, networking
-policy.
+(e.g. the rollout workers' own pods). Not simulated: images, users (an agent's `--run-as UID:GID` is dropped: on a
+shared host a command user's kill(-1) would reach every process of that uid), read-only mounts, resource limits,
+networking policy.
 
 `FakeAgentSandboxController` plays the agent-sandbox controller for SandboxClaims: it finds the claim's
 SandboxWarmPool and SandboxTemplate, creates a Sandbox (owned by the claim) and its pod from the template (owned by
@@ -213,6 +214,9 @@ class FakeKubelet:
             raise RuntimeError(f"container {c['name']}: the fake kubelet needs an explicit command")
         if argv[0] in ("python3", "python"):
             argv[0] = sys.executable
+        if "--run-as" in argv[:-1]:  # users are not simulated (see the module docstring)
+            i = argv.index("--run-as")
+            del argv[i:i + 2]
         proc_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                     **{k: self._translate(run, c, v) for k, v in env.items()}}
         cwd = self._translate(run, c, c.get("workingDir") or "") or str(run.root)

@@ -93,6 +93,7 @@ def make_sandbox(backend: Any) -> Callable[..., Any]:
         handle = await backend.create(spec, {"agentrl.run_id": RUN_ID})
         sb = Sandbox(handle, spec)
         try:
+            assert await sb.health()  # as the pool does before a lease: fills sb.uid_separated
             yield sb
         finally:
             await sb.close()

@@ -77,14 +77,24 @@ def assert_policy(pod: dict, spec: SandboxSpec) -> None:
     assert s["restartPolicy"] == "Never" and 0 < s["activeDeadlineSeconds"]
     psc = s["securityContext"]
     assert psc["runAsNonRoot"] is True and psc["runAsUser"] != 0 and psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "fsGroup" not in psc, "fsGroup would put the agent in the command group and make the token group-readable"
     containers = s["initContainers"] + s["containers"]
     assert len(s["containers"]) == 1
     for c in containers:
         sc = c["securityContext"]
-        assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
-        assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False  # no_new_privs for all
+        assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"]["drop"] == ["ALL"]
         assert c["resources"]["requests"] == c["resources"]["limits"] and {"cpu", "memory"} <= set(
             c["resources"]["limits"])
+    # uid separation: the init container writes the token as root with no capability; the agent is root with
+    # exactly CHOWN, KILL, SETGID, SETUID and runs every command as 1000:1000 (--run-as)
+    init_sc = s["initContainers"][0]["securityContext"]
+    assert init_sc["runAsUser"] == 0 and init_sc["capabilities"] == {"drop": ["ALL"]}
+    main = s["containers"][0]
+    assert main["securityContext"]["runAsUser"] == 0 and main["securityContext"]["runAsNonRoot"] is False
+    assert sorted(main["securityContext"]["capabilities"]["add"]) == ["CHOWN", "KILL", "SETGID", "SETUID"]
+    run_as = main["command"][main["command"].index("--run-as") + 1]
+    assert run_as == f"{psc['runAsUser']}:{psc['runAsGroup']}" and not run_as.startswith("0:")
     volumes = {v["name"]: v for v in s["volumes"]}
     assert not any("hostPath" in v for v in s["volumes"])
     main = s["containers"][0]
@@ -171,3 +181,23 @@ def test_init_script_writes_the_token_the_backend_derives(tmp_path: Path) -> Non
 def test_label_values_are_sanitised() -> None:
     assert label_value("run/with spaces:and-ü") == "run-with-spaces-and"
     assert len(label_value("x" * 100)) == 63
+
+
+@pytest.mark.parametrize("pod, cause", [
+    (None, "deleted"),
+    ({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}, "status": {"phase": "Running"}}, "deleted"),
+    ({"metadata": {}, "status": {"phase": "Failed", "reason": "Evicted"}}, "evicted"),
+    ({"metadata": {}, "status": {"phase": "Failed", "reason": "DeadlineExceeded"}}, "deadline"),
+    ({"metadata": {}, "status": {"phase": "Running", "containerStatuses": [{"name": "sandbox", "state": {
+        "running": {}}}]}}, None),
+    ({"metadata": {}, "status": {"phase": "Failed", "containerStatuses": [{"name": "sandbox", "state": {
+        "terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}}, "oom"),
+    ({"metadata": {}, "status": {"phase": "Failed", "containerStatuses": [{"name": "sandbox", "state": {
+        "terminated": {"reason": "Error", "exitCode": 137}}}]}}, "signal:9"),
+    ({"metadata": {}, "status": {"phase": "Succeeded", "containerStatuses": [{"name": "sandbox", "state": {
+        "terminated": {"reason": "Completed", "exitCode": 0}}}]}}, "exited:0"),
+])
+def test_pod_death_cause(pod: dict | None, cause: str | None) -> None:
+    from agentrl.sandbox.k8s_pods import death_cause
+
+    assert death_cause(pod) == cause

@@ -96,10 +96,30 @@ def test_spec_becomes_limits_and_hardening(tmp_path: Path) -> None:
     assert f"size={64 * 1024**2}" in hc["Tmpfs"]["/workspace"] and "/tmp" in hc["Tmpfs"]
     assert any(b.endswith(":/agentrl/agent.py:ro") for b in hc["Binds"])
     assert any(b.endswith(":/agentrl-sock:rw") for b in hc["Binds"])
-    assert cfg["user"] != "0" and not cfg["user"].startswith("0:")
+    if os.geteuid() == 0:  # uid separation: the agent is container root with 3 capabilities, commands are 1000
+        assert cfg["user"] == "0:0" and sorted(hc["CapAdd"]) == ["KILL", "SETGID", "SETUID"]
+        assert cfg["command"][-2:] == ["--run-as", "1000:1000"] and "uid=1000,gid=1000" in hc["Tmpfs"]["/workspace"]
+    else:  # one uid: the host user's, no capability at all
+        assert cfg["user"] == f"{os.geteuid()}:{os.getegid()}" and not hc.get("CapAdd")
+        assert "--run-as" not in cfg["command"]
     assert cfg["command"][:2] == ["python3", "-c"] and "120" in cfg["command"]  # the TTL alarm
     assert "docker.sock" not in str(cfg)
 
 
 def test_network_is_an_explicit_opt_in(tmp_path: Path) -> None:
     assert _config(SandboxSpec(network=True), tmp_path)["host_config"]["NetworkMode"] == "bridge"
+
+
+@pytest.mark.parametrize("state, cause", [
+    (None, "deleted"),
+    ({"Status": "removing", "Running": False}, "deleted"),
+    ({"Status": "running", "Running": True}, None),
+    ({"Status": "exited", "Running": False, "ExitCode": 137, "OOMKilled": True}, "oom"),
+    ({"Status": "exited", "Running": False, "ExitCode": 137, "OOMKilled": False}, "signal:9"),
+    ({"Status": "exited", "Running": False, "ExitCode": 0}, "exited:0"),
+    ({"Status": "exited", "Running": False, "ExitCode": 2}, "exited:2"),
+])
+def test_container_death_cause(state: dict | None, cause: str | None) -> None:
+    from agentrl.sandbox.docker import container_death_cause
+
+    assert container_death_cause(state) == cause

@@ -100,7 +100,9 @@ def test_sandbox_network_policy_matches_the_backend() -> None:
     assert rule["ports"] == [{"protocol": "TCP", "port": KubernetesSandboxConfig().agent_port}]
     opt_in = objs[("NetworkPolicy", "sandbox-egress-opt-in")]["spec"]
     assert "169.254.0.0/16" in opt_in["egress"][0]["to"][0]["ipBlock"]["except"]
-    assert objs[("Namespace", "agentrl")]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    ns_labels = objs[("Namespace", "agentrl")]["metadata"]["labels"]
+    assert ns_labels["pod-security.kubernetes.io/enforce"] == "baseline", "the sandbox agent needs 4 baseline caps"
+    assert ns_labels["pod-security.kubernetes.io/warn"] == ns_labels["pod-security.kubernetes.io/audit"] == "restricted"
     quota = objs[("ResourceQuota", "agentrl-sandboxes")]["spec"]
     assert quota["scopes"] == ["Terminating"], "sandbox pods are the ones with activeDeadlineSeconds"
     ratio = objs[("LimitRange", "agentrl-defaults")]["spec"]["limits"][0]["maxLimitRequestRatio"]

@@ -18,7 +18,7 @@ import pytest
 from agentrl.errors import SandboxDiedError, SandboxError
 from agentrl.sandbox import agent as agent_mod
 from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
-from agentrl.sandbox.client import AgentClient, Sandbox, SandboxPathError
+from agentrl.sandbox.client import AgentClient, Sandbox, SandboxFileError, SandboxPathError
 
 AGENT = agent_mod.__file__
 
@@ -266,3 +266,82 @@ async def test_tcp_requires_bearer_token(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+# ---------------------------------------------------------------- uid separation, leftovers, facts
+
+
+async def test_health_reports_single_uid_without_run_as(sb: Sandbox) -> None:
+    assert await sb.health()
+    assert sb.uid_separated is False and sb.command_uid == os.getuid()
+
+
+async def test_kill_all_without_separation_kills_descendants_daemons_included(sb: Sandbox) -> None:
+    r = await sb.exec("setsid sleep 30 > /dev/null 2>&1 < /dev/null & sleep 40 > /dev/null 2>&1 & echo $!")
+    pid = int(r.stdout)
+    assert not _gone(pid)
+    assert await sb.kill_all() >= 2
+    assert _gone(pid) and await sb.kill_all() == 0
+    r = await sb.exec("sleep 30 > /dev/null 2>&1 & echo $!", kill_leftovers=True)
+    assert _gone(int(r.stdout))
+    assert (await sb.exec("echo ok")).stdout == "ok\n"
+
+
+async def test_planted_non_regular_files_are_file_errors(sb: Sandbox) -> None:
+    await sb.exec("mkdir d && mkfifo f")
+    for path, what in (("d", "directory"), ("f", "FIFO")):
+        with pytest.raises(SandboxFileError, match=what) as info:
+            await sb.read_file(path)
+        assert info.value.kind == "not_regular"
+
+
+async def test_died_before_the_request_is_not_in_flight(sb: Sandbox, agent_proc) -> None:
+    assert await sb.health()  # leaves an idle keep-alive connection
+    agent_proc[0].kill()
+    agent_proc[0].wait()
+    with pytest.raises(SandboxDiedError) as info:  # no sleep: the stale idle connection is noticed by poll()
+        await sb.exec("echo hi")
+    assert info.value.in_flight is False
+
+
+async def test_died_during_the_command_is_in_flight(sb: Sandbox, agent_proc) -> None:
+    running = asyncio.create_task(sb.exec("sleep 30"))
+    await asyncio.sleep(0.3)
+    agent_proc[0].kill()
+    with pytest.raises(SandboxDiedError) as info:
+        await running
+    assert info.value.in_flight is True
+
+
+@pytest.fixture
+def separated(tmp_path: Path) -> Iterator[tuple[Sandbox, subprocess.Popen, Path, int]]:
+    """An agent with --run-as a uid no other process on this host uses (kill(-1) as that uid hits nothing else)."""
+    if os.geteuid() != 0:
+        pytest.skip("--run-as needs root")
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="agrl-sep-", dir="/tmp"))
+    base.chmod(0o711)  # the command user must traverse to the workspace
+    uid = 60000 + os.getpid() % 5000
+    proc = _start(["--unix", str(base / "a.sock"), "--workspace", str(base / "ws"), "--run-as", f"{uid}:{uid}"])
+    yield _sandbox(base / "a.sock"), proc, base / "ws", uid
+    proc.kill()
+    proc.wait()
+    subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+async def test_run_as_separates_commands_and_files_from_the_agent(separated) -> None:
+    sb, proc, ws, uid = separated
+    assert await sb.health() and sb.uid_separated and sb.command_uid == uid
+    r = await sb.exec(f"id -u; id -G; kill -9 {proc.pid}; cat /proc/{proc.pid}/environ")
+    assert r.stdout.split() == [str(uid), str(uid)] and "not permitted" in r.stderr and "denied" in r.stderr, r
+    await sb.write_file("a/b.txt", "x")
+    assert (ws / "a" / "b.txt").stat().st_uid == (ws / "a").stat().st_uid == ws.stat().st_uid == uid
+    (ws / "root-only.txt").write_text("secret")  # the host (root) plants a file the command user may not read
+    (ws / "root-only.txt").chmod(0o600)
+    with pytest.raises(SandboxPathError, match="not accessible"):  # file requests run with the command user's fsuid
+        await sb.read_file("root-only.txt")
+    r = await sb.exec("(setsid sh -c 'while :; do sleep 0.05; done' &) ; echo started")
+    assert await sb.kill_all() >= 1 and await sb.kill_all() == 0
+    assert (await sb.exec("echo ok")).stdout == "ok\n" and proc.poll() is None
+    await sb.close()

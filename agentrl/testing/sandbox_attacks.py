@@ -1,0 +1,148 @@
+"""Attacks a hostile policy can run from inside a sandbox against its control plane, as reusable checks.
+
+Each `attack_*` coroutine runs one attack through `Sandbox.exec` exactly as a tool call would, and asserts that it
+failed and that the sandbox still serves (the agent lives, the next exec works). They need a uid-separated sandbox
+(`sb.uid_separated`); the local (as root) and docker test tiers run them, the Kubernetes pod spec is checked by
+tests/k8s/test_pod_policy.py. Imports nothing but the sandbox client types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentrl.sandbox.client import Sandbox
+
+# prints the pid of the agent (found through /proc/*/cmdline, which every process may read) and its --unix socket
+FIND_AGENT = r"""
+import os
+for pid in os.listdir("/proc"):
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    except OSError:
+        continue
+    if any(a.endswith(b"agent.py") for a in argv) and b"--workspace" in argv:
+        sock = argv[argv.index(b"--unix") + 1].decode() if b"--unix" in argv else ""
+        print(pid, sock)
+        break
+"""
+
+PTRACE = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+PTRACE_ATTACH, PTRACE_SEIZE = 16, 0x4206
+for req in (PTRACE_ATTACH, PTRACE_SEIZE):
+    rc = libc.ptrace(req, int(sys.argv[1]), 0, 0)
+    print(req, rc, os.strerror(ctypes.get_errno()))
+"""
+
+
+async def agent_of(sb: Sandbox) -> tuple[int, str]:
+    """(pid, unix socket path or "") of the sandbox's agent, as a command sees it."""
+    r = await sb.exec(["python3", "-c", FIND_AGENT])
+    assert r.exit_code == 0 and r.stdout.strip(), f"agent not found from inside: {r}"
+    pid, _, sock = r.stdout.strip().partition(" ")
+    return int(pid), sock
+
+
+async def still_serves(sb: Sandbox) -> None:
+    assert await sb.health(), "the agent died"
+    r = await sb.exec("echo alive")
+    assert r.exit_code == 0 and r.stdout == "alive\n", r
+
+
+async def attack_kill_everything(sb: Sandbox) -> None:
+    """kill(-1, SIGKILL) from the shell and from Python kills only the policy's own processes."""
+    await sb.exec("sleep 60 > /dev/null 2>&1 &")
+    r = await sb.exec("kill -9 -1; echo shell-survived-its-own-kill")
+    assert r.exit_code == 0, r  # kill -1 spares the caller
+    r = await sb.exec(["python3", "-c", "import os; os.kill(-1, 9)"])
+    assert r.exit_code == -9 or r.exit_code is None or r.exit_code == 0, r
+    await still_serves(sb)
+    assert "sleep" not in (await sb.exec("cat /proc/[0-9]*/comm")).stdout.split(), "the policy's own sleep survived"
+
+
+async def attack_signal_the_agent(sb: Sandbox) -> None:
+    pid, _ = await agent_of(sb)
+    for sig in ("KILL", "STOP", "TERM"):
+        r = await sb.exec(f"kill -{sig} {pid}")
+        assert r.exit_code != 0 and "not permitted" in r.stderr.lower(), (sig, r)
+    r = await sb.exec(["python3", "-c", f"import os\ntry:\n os.kill({pid}, 9)\nexcept PermissionError:\n print('EPERM')"])
+    assert r.stdout.strip() == "EPERM", r
+    await still_serves(sb)
+
+
+async def attack_read_the_agent(sb: Sandbox, token_file: str | None = None) -> None:
+    """Its environment, file descriptors, memory, and (Kubernetes) its bearer token stay unreadable."""
+    pid, _ = await agent_of(sb)
+    for path in (f"/proc/{pid}/environ", f"/proc/{pid}/mem", f"/proc/{pid}/fd/0", f"/proc/{pid}/maps"):
+        r = await sb.exec(["cat", path])
+        assert r.exit_code != 0 and "denied" in r.stderr.lower(), (path, r)
+    r = await sb.exec(["ls", f"/proc/{pid}/fd"])
+    assert r.exit_code != 0 and "denied" in r.stderr.lower(), r
+    if token_file:
+        r = await sb.exec(["cat", token_file])
+        assert r.exit_code != 0 and not r.stdout, r
+    await still_serves(sb)
+
+
+async def attack_ptrace_the_agent(sb: Sandbox) -> None:
+    pid, _ = await agent_of(sb)
+    r = await sb.exec(["python3", "-c", PTRACE, str(pid)])
+    assert r.exit_code == 0, r
+    for line in r.stdout.splitlines():
+        _, rc, err = line.split(" ", 2)
+        assert rc == "-1" and "not permitted" in err.lower(), r.stdout
+    await still_serves(sb)
+
+
+async def attack_socket_dir(sb: Sandbox) -> None:
+    """The agent's socket directory can be neither listed, written, nor the socket replaced."""
+    _, sock = await agent_of(sb)
+    if not sock:
+        return  # tcp agent (Kubernetes): no socket directory
+    run_dir = sock.rpartition("/")[0]
+    for cmd in (f"ls {run_dir}", f"echo x > {run_dir}/planted", f"rm -f {sock}", f"mv {sock} {sock}.old",
+                f"python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('{sock}')\""):
+        r = await sb.exec(cmd)
+        assert r.exit_code != 0, (cmd, r)
+    await still_serves(sb)
+
+
+DAEMON = ("setsid sh -c 'while true; do echo x >> /workspace/daemon.log; sleep 0.02; done' "
+          "> /dev/null 2>&1 < /dev/null &")
+REFORKER = ("setsid python3 -c \"import os, time\nwhile True:\n    if os.fork():\n        os._exit(0)\n"
+            "    time.sleep(0.01)\" > /dev/null 2>&1 < /dev/null &")
+
+
+async def _log_size(sb: Sandbox) -> int:
+    r = await sb.exec("stat -c %s daemon.log 2>/dev/null || echo 0")
+    return int(r.stdout.strip() or 0)
+
+
+async def attack_daemon_outlives_the_call(sb: Sandbox) -> None:
+    """A setsid daemon (and a process that re-forks itself) survive the call, then `kill_all()` ends them: the
+    workspace stops changing."""
+    await sb.exec(DAEMON + " " + REFORKER + " sleep 0.2")
+    await asyncio.sleep(0.2)
+    assert await _log_size(sb) > 0, "the daemon did not start"
+    killed = await sb.kill_all()
+    assert killed >= 2, killed
+    size = await _log_size(sb)
+    await asyncio.sleep(0.3)
+    assert await _log_size(sb) == size, "a daemon still writes to the workspace after kill_all()"
+    assert await sb.kill_all() == 0
+    await still_serves(sb)
+
+
+async def attack_daemon_with_kill_leftovers(sb: Sandbox) -> None:
+    r = await sb.exec(DAEMON + " echo started", kill_leftovers=True)
+    assert r.stdout == "started\n", r
+    size = await _log_size(sb)
+    await asyncio.sleep(0.3)
+    assert await _log_size(sb) == size, "a daemon outlived an exec with kill_leftovers=True"
+    assert await sb.kill_all() == 0
+    await still_serves(sb)
+
+
+ALL = (attack_kill_everything, attack_signal_the_agent, attack_read_the_agent, attack_ptrace_the_agent,
+       attack_socket_dir, attack_daemon_outlives_the_call, attack_daemon_with_kill_leftovers)

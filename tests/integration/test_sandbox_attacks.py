@@ -1,0 +1,138 @@
+"""A hostile policy against the local sandbox's control plane (bubblewrap, host root: uid separation): killing
+everything, signalling / reading / tracing the agent, its socket directory, daemons that outlive the call; plus what
+the host side learns when a sandbox dies (SandboxDiedError.in_flight, death_cause) and the /read hardening.
+
+The attacks need root on the host (uid separation); as another user they skip with the reason. The same attacks
+run against docker in tests/docker/test_attacks.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from agentrl.errors import SandboxDiedError
+from agentrl.sandbox import SandboxFileError, SandboxPathError, SandboxPool, SandboxSpec
+from agentrl.sandbox.agent import MAX_READ
+from agentrl.sandbox.local import LocalBackend
+from agentrl.testing import sandbox_attacks
+
+
+def _problem() -> str | None:
+    if shutil.which("bwrap") is None:
+        return "bubblewrap not installed (apt-get install -y bubblewrap)"
+    if os.geteuid() != 0:
+        return "uid separation of local sandboxes needs the host side to run as root"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_problem() is not None, reason=_problem() or "")
+SPEC = SandboxSpec(memory="256m", pids=128, disk="128m", default_timeout_s=20)
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="agrl-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def pool(state_dir: Path) -> AsyncIterator[SandboxPool]:
+    async with SandboxPool(LocalBackend(state_dir=state_dir), SPEC, max_sandboxes=2) as p:
+        yield p
+
+
+@pytest.mark.parametrize("attack", sandbox_attacks.ALL, ids=lambda f: f.__name__)
+async def test_attack_fails_and_the_sandbox_serves_on(pool: SandboxPool, attack) -> None:
+    async with pool.lease() as sb:
+        assert sb.uid_separated and sb.command_uid == 1000
+        await attack(sb)
+
+
+async def test_commands_hold_no_capability_and_no_new_privs(pool: SandboxPool) -> None:
+    async with pool.lease() as sb:
+        r = await sb.exec("id -u; id -G; grep -E '^(CapEff|CapPrm|CapAmb|NoNewPrivs):' /proc/self/status")
+        lines = r.stdout.split()
+        assert lines[:2] == ["1000", "1000"], r  # no supplementary group of the agent's
+        assert dict(zip(lines[2::2], lines[3::2])) == {"CapPrm:": "0000000000000000", "CapEff:": "0000000000000000",
+                                                       "CapAmb:": "0000000000000000", "NoNewPrivs:": "1"}
+
+
+async def test_files_written_by_the_host_belong_to_the_sandbox_user(pool: SandboxPool) -> None:
+    async with pool.lease() as sb:
+        await sb.write_file("pkg/mod.py", "x = 1\n")
+        r = await sb.exec("stat -c '%u:%g' . pkg pkg/mod.py && echo y >> pkg/mod.py && rm -r pkg")
+        assert r.stdout.split() == ["1000:1000"] * 3 and r.exit_code == 0, r
+
+
+# ---------------------------------------------------------------- /read of what the policy planted
+
+
+@pytest.mark.parametrize("plant, error", [
+    ("mkdir solution.py", SandboxFileError),
+    ("mkfifo solution.py", SandboxFileError),
+    ("python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('solution.py')\"", SandboxFileError),
+    ("ln -s /etc/passwd solution.py", SandboxPathError),
+    ("ln -s /.agentrl/run/agent.sock solution.py", SandboxPathError),
+    ("echo x > solution.py && chmod 000 solution.py", SandboxPathError),
+    (f"truncate -s {MAX_READ + 1} solution.py", SandboxFileError),
+])
+async def test_reading_a_planted_solution_file_is_a_policy_error_not_infra(pool: SandboxPool, plant: str,
+                                                                           error: type) -> None:
+    async with pool.lease() as sb:
+        assert (await sb.exec(plant)).exit_code == 0
+        async with asyncio.timeout(10):  # never a hang
+            with pytest.raises(error) as info:
+                await sb.read_file("solution.py")
+        assert not isinstance(info.value, SandboxDiedError)
+        await sandbox_attacks.still_serves(sb)
+
+
+# ---------------------------------------------------------------- facts for failure attribution
+
+
+def _agent_host_pid(state_dir: Path, sid: str) -> int:
+    """The agent's pid on the host: the child of bwrap's pid-1 (bwrap -> bwrap init -> agent)."""
+    bwrap = json.loads((state_dir / sid / "state.json").read_text())["pid"]
+    for pid in Path(f"/proc/{bwrap}/task/{bwrap}/children").read_text().split():
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if kids:
+            return int(kids[0])
+    raise AssertionError("agent process not found")
+
+
+async def test_agent_killed_during_a_command_is_in_flight_with_its_signal(pool: SandboxPool, state_dir: Path) -> None:
+    async with pool.lease() as sb:
+        running = asyncio.create_task(sb.exec("sleep 30"))
+        await asyncio.sleep(0.3)
+        os.kill(_agent_host_pid(state_dir, sb.id), signal.SIGKILL)
+        with pytest.raises(SandboxDiedError) as info:
+            await running
+        assert info.value.in_flight is True
+        assert await pool.death_cause(sb) == "signal:9"
+
+
+async def test_agent_dead_before_the_request_is_not_in_flight(pool: SandboxPool, state_dir: Path) -> None:
+    async with pool.lease() as sb:
+        os.kill(_agent_host_pid(state_dir, sb.id), signal.SIGKILL)
+        await asyncio.sleep(0.2)
+        with pytest.raises(SandboxDiedError) as info:
+            await sb.exec("true")
+        assert info.value.in_flight is False
+
+
+async def test_sandbox_removed_from_outside_is_deleted(pool: SandboxPool, state_dir: Path) -> None:
+    async with pool.lease() as sb:
+        assert await pool.death_cause(sb) is None  # alive: no cause
+        subprocess.run(["python3", "-c", "import shutil, sys; shutil.rmtree(sys.argv[1])", str(state_dir / sb.id)],
+                       check=True)
+        assert await pool.death_cause(sb) == "deleted"
