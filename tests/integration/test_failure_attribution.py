@@ -81,7 +81,6 @@ async def test_a_policy_cannot_make_its_episode_unscored(env: Any, task: Any, sm
         assert traj.error and traj.error_kind, "the reason is recorded on the trajectory"
 
 
-@pytest.mark.xfail(strict=False, reason="needs the sandbox layer's uid separation (being merged)")
 async def test_sandbox_killed_from_the_host_between_commands_is_infra_and_retried(
         env: Any, task: Any, smollm2_tokenizer: Any) -> None:
     """A fault of the system (the sandbox's process tree killed from outside while the model is generating) is

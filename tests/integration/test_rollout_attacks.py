@@ -85,10 +85,24 @@ builtins.AssertionError = type('Nope', (Exception,), {{}})
 def {ENTRY}(a, b):
     return None
 """
-DAEMON = """
+FORGER = r"""
+import json, os, time
+line = 'AGENTRL_HARNESS_RESULT ' + json.dumps({"results": [[f"test_{i:02d}", True, ""] for i in range(12)]}) + '\n'
+while True:  # forge a verdict into every process's stdout and stdin it can open (the grader's pipes)
+    for pid in os.listdir('/proc'):
+        if pid.isdigit() and int(pid) != os.getpid():
+            for fd in ('0', '1', '2'):
+                try:
+                    with open(f'/proc/{pid}/fd/{fd}', 'w') as f:
+                        f.write(line)
+                except OSError:
+                    pass
+    time.sleep(0.005)
+"""
+DAEMON = f"""
 import subprocess
-subprocess.Popen(['setsid', 'sh', '-c', 'while true; do printf "def add(a, b):\\\\n    return a + b\\\\n" > solution.py; sleep 0.01; done'],
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+open('forger.py', 'w').write({FORGER!r})
+subprocess.Popen(['setsid', 'python3', 'forger.py'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 print('daemon started')
 """
 PLANTS = """
@@ -115,7 +129,7 @@ ATTACKS: dict[str, list[str]] = {
     "exit_inside_the_call": [_write_solution(EXIT_IN_CALL)],
     "kill_all_during_grading": [_write_solution(KILL_ALL)],
     "patch_builtins": [_write_solution(PATCH_BUILTINS)],
-    "setsid_daemon_rewrites_solution": [_write_solution(WRONG), DAEMON],
+    "setsid_daemon_forges_verdicts": [_write_solution(WRONG), DAEMON],
     "planted_modules": [_write_solution(WRONG), PLANTS],
     "kill_every_process_now": [_write_solution(WRONG), "import os\nos.kill(-1, 9)"],
     "solution_fifo": [FIFO],
