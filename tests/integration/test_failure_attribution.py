@@ -212,3 +212,36 @@ async def test_run_stops_when_too_much_is_unscored(env: Any, smollm2_tokenizer: 
 
 async def _collect(gen: Any) -> list[Any]:
     return [g async for g in gen]
+
+
+class _GradingWatcher:
+    """Wraps the env: at the start of finalize (grading) it checks whether anything the policy started is still
+    running (a heartbeat file that keeps growing)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.alive_during_grading: bool | None = None
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._inner, item)
+
+    async def finalize(self, sandbox: Any, task: Any) -> Any:
+        probe = "import os, time\na = os.path.getsize('beat')\ntime.sleep(0.3)\nprint(os.path.getsize('beat') - a)"
+        res = await sandbox.exec(["python3", "-c", probe], timeout=10)
+        self.alive_during_grading = int(res.stdout.strip() or 0) > 0
+        return await self._inner.finalize(sandbox, task)
+
+
+async def test_processes_the_policy_left_running_are_dead_before_grading(env: Any, task: Any,
+                                                                         smollm2_tokenizer: Any) -> None:
+    daemon = ("import subprocess\nsubprocess.Popen(['setsid', 'sh', '-c', 'while true; do echo x >> beat; "
+              "sleep 0.01; done'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+              "import time, os\ntime.sleep(0.3)\nprint('beat', os.path.getsize('beat') > 0)")
+    watcher = _GradingWatcher(env)
+    engine = ScriptedEngine(smollm2_tokenizer, [_code(daemon), "done"])
+    async with _pool() as pool:
+        traj = await _scheduler(watcher, engine, smollm2_tokenizer, pool).run_one(task, group_id="g",
+                                                                                sample_index=0)
+    assert "beat True" in traj.turns[0].observation, "the daemon ran and outlived its call"
+    assert watcher.alive_during_grading is False, "a policy process was still running when grading started"
+    assert traj.status is not Status.infra_error
