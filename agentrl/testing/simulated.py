@@ -58,6 +58,7 @@ class SimulatedEngine:
     active: int = 0
     calls: int = 0
     cached_tokens: int = 0
+    input_tokens: int = 0
     _reply_ids: list[list[int]] = field(default_factory=list)
     _cache: dict[str, int] = field(default_factory=dict)
 
@@ -85,6 +86,7 @@ class SimulatedEngine:
             self.active -= 1
         self._cache[session_id] = len(input_ids) + len(ids)
         self.cached_tokens += cached
+        self.input_tokens += len(input_ids)
         return Generation(output_ids=list(ids), logprobs=[-0.5] * len(ids), finish_reason=finish,
                           weight_version=version, cached_tokens=cached)
 

@@ -131,6 +131,7 @@ class RolloutPipeline:
     counters: dict[int, StepCounters] = field(default_factory=dict)
     _live: list[_Group] = field(default_factory=list)  # ready or running, dispatch order
     _consumed: int = -1
+    _cancelled: list[asyncio.Task[list[Trajectory]]] = field(default_factory=list)  # awaited by close()
 
     def __post_init__(self) -> None:
         self._consumed = self.start_step * self.config.batch_groups
@@ -179,7 +180,8 @@ class RolloutPipeline:
         live, self._live = self._live, []
         for g in live:
             g.handle.cancel()
-        await asyncio.gather(*(g.handle for g in live), return_exceptions=True)
+        cancelled, self._cancelled = self._cancelled + [g.handle for g in live], []
+        await asyncio.gather(*cancelled, return_exceptions=True)
 
     @property
     def live(self) -> int:
@@ -208,7 +210,7 @@ class RolloutPipeline:
         oldest = step - self.config.max_staleness
         for g in [g for g in self._live if g.version < oldest]:
             self._live.remove(g)
-            g.handle.cancel()
+            self._cancel(g)
             c.groups_dropped_stale += 1
             log.info("pipeline: dropped group %s (task %s, weights v%d) at step %d: older than max_staleness=%d",
                      g.group_id, g.task.id, g.version, step, self.config.max_staleness)
@@ -240,9 +242,13 @@ class RolloutPipeline:
         for g in list(self._live):
             if g.version < oldest_next and not g.handle.done():
                 self._live.remove(g)
-                g.handle.cancel()
+                self._cancel(g)
                 c.groups_cancelled += 1
         c.groups_carried = sum(g.version <= step for g in self._live)
+
+    def _cancel(self, g: _Group) -> None:
+        g.handle.cancel()
+        self._cancelled = [h for h in self._cancelled if not h.done()] + [g.handle]
 
     @staticmethod
     def _tag(g: _Group, step: int) -> list[Trajectory]:
