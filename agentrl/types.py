@@ -183,7 +183,9 @@ class Trajectory(_Record):
     status: Status
     sample_index: int = 0
     attempt: int = 0
-    step: int | None = None
+    step: int | None = None  # the training step whose batch holds this trajectory (rollouts: the rollout step)
+    dispatch_version: int | None = None  # training: the weight version current when the group was started
+    train_step: int | None = None  # training: the step that trained on it (staleness = train_step - dispatch_version)
     prompt_ids: list[int]
     completion_ids: list[int] = Field(default_factory=list)
     logprobs: list[float] = Field(default_factory=list)

@@ -22,7 +22,7 @@ from agentrl.envs.base import Env, Task
 from agentrl.errors import EngineError, InfraError
 from agentrl.sandbox.client import Sandbox
 from agentrl.tools.parsers import parse_tool_calls
-from agentrl.tools.render import ChatRenderer
+from agentrl.tools.render import ChatRenderer, DriftCheck
 from agentrl.types import Generation, Message, SamplingParams, Status, ToolCall, ToolResult, Turn
 
 MAX_OBSERVATION_CHARS = 8_000
@@ -49,6 +49,7 @@ class TrajectoryState:
     status: Status = Status.max_turns
     gen_s: float = 0.0
     tools_s: float = 0.0
+    drift: DriftCheck | None = None  # incremental per-turn drift check, created on the first observation
 
     @property
     def context_len(self) -> int:
@@ -198,6 +199,8 @@ class Rollout:
         state.messages.extend(observation)
         turn.env_len = len(suffix)
         turn.observation = "\n".join(m.content for m in observation)
-        text_drift, token_drift = self.renderer.check_drift(state.messages, state.prompt_ids + state.completion_ids)
+        if state.drift is None:
+            state.drift = self.renderer.drift_check()
+        text_drift, token_drift = state.drift.check(state.messages, state.prompt_ids + state.completion_ids)
         turn.prefix_drift, turn.retokenize_mismatch = text_drift, token_drift
         return True

@@ -14,6 +14,7 @@ sandboxes separately), and the engine batches whatever generate calls are outsta
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import traceback
@@ -117,6 +118,63 @@ class Scheduler:
         self.guard = UnscoredGuard(config.max_unscored_frac, config.unscored_min_trajectories)
         self._on_trajectory = on_trajectory
         self._slots = asyncio.Semaphore(config.max_trajectories)
+        self.running = 0  # trajectories holding a slot now (submit() API; run() keeps its own accounting)
+        self._idle_since: float | None = time.perf_counter()
+        self.idle_s = 0.0  # total time with no trajectory holding a slot (submit() API), see idle_seconds()
+
+    def sibling(self, rollout: Rollout, *, group_size: int, meta: dict[str, Any] | None = None,
+                scorer: Scorer | None = None) -> Scheduler:
+        """A scheduler for another sampling / group size (e.g. evaluation) that shares this one's pool and its
+        `max_trajectories` slots, so everything one job runs stays under one bound."""
+        other = Scheduler(rollout, self.pool, dataclasses.replace(self.config, group_size=group_size),
+                          meta=self.meta if meta is None else meta, scorer=scorer or self.scorer)
+        other._slots = self._slots
+        return other
+
+    # -- streaming API: one group at a time, for callers that keep groups in flight across steps -------------
+    def submit(self, task: Task, *, group_id: str | None = None, step: int | None = None
+               ) -> asyncio.Task[list[Trajectory]]:
+        """Start the G trajectories of one group now (each waits for one of the `max_trajectories` slots).
+
+        The returned task resolves to the group ordered by sample index. Cancelling it cancels its trajectories
+        (their sandbox leases are returned by the pool); a cancelled group is never a record, so it can never be
+        mistaken for an infra error. Raises UnscoredLimitError (from the guard) like `run()`."""
+        gid = group_id or uuid.uuid4().hex[:12]
+        self.progress.trajectories_total += self.config.group_size
+        return asyncio.create_task(self._group(task, gid, step), name=f"agentrl-group-{gid}")
+
+    def idle_seconds(self) -> float:
+        """Seconds so far during which no submitted trajectory held a slot (the engine had nothing of ours)."""
+        extra = time.perf_counter() - self._idle_since if self._idle_since is not None else 0.0
+        return self.idle_s + extra
+
+    async def _group(self, task: Task, group_id: str, step: int | None) -> list[Trajectory]:
+        workers = [asyncio.create_task(self._slotted(task, group_id, k, step)) for k in range(self.config.group_size)]
+        try:
+            out = await asyncio.gather(*workers)
+        finally:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+        self.guard.check()
+        return sorted(out, key=lambda t: t.sample_index)
+
+    async def _slotted(self, task: Task, group_id: str, k: int, step: int | None) -> Trajectory:
+        async with self._slots:
+            self._busy(+1)
+            try:
+                return await self.run_one(task, group_id=group_id, sample_index=k, step=step)
+            finally:
+                self._busy(-1)
+
+    def _busy(self, delta: int) -> None:
+        now = time.perf_counter()
+        if self.running == 0 and delta > 0 and self._idle_since is not None:
+            self.idle_s += now - self._idle_since
+            self._idle_since = None
+        self.running += delta
+        if self.running == 0:
+            self._idle_since = now
 
     async def run(self, tasks: Iterable[Task], *, step: int | None = None) -> AsyncIterator[list[Trajectory]]:
         """Run G samples of every task; yield each group (ordered by sample index) as soon as it is complete.

@@ -108,8 +108,67 @@ class ChatRenderer:
         token_drift = text_drift or list(self.tok.encode(rendered, add_special_tokens=False)) != list(ids)
         return text_drift, token_drift
 
+    def drift_check(self) -> DriftCheck:
+        """A per-trajectory incremental `check_drift` (same answers, linear work per trajectory)."""
+        return DriftCheck(self)
+
     def decode(self, ids: list[int]) -> str:
         return str(self.tok.decode(ids, skip_special_tokens=False))
 
     def strip_end_of_turn(self, ids: list[int]) -> list[int]:
         return ids[:-1] if ids and ids[-1] in self.end_of_turn_ids else ids
+
+
+class DriftCheck:
+    """`ChatRenderer.check_drift` for one growing conversation, without re-decoding and re-tokenizing it all.
+
+    Each call gets the whole conversation (messages, ids) as it has grown since the last call. What stays per turn:
+    rendering the messages with the template (a string; the only way to see a template that rewrites earlier
+    turns) and comparing it with our decoded text. What became incremental:
+
+    - decode: only the ids added since the last call are decoded and appended (segments end on end-of-turn or on
+      the generation prompt, so they are whole characters; a segment that is not falls back to a full decode);
+    - re-tokenize: only the text after the last verified *checkpoint* is encoded and compared with the ids after
+      it. A checkpoint is the end of the last special token (end-of-turn) of a verified span: the tokenizer splits
+      special tokens out before anything else, so the text on either side is tokenized independently and the
+      verified prefix can never change. A span that drifted is never checkpointed, so later calls still report
+      it, exactly like the full check.
+    """
+
+    def __init__(self, renderer: ChatRenderer) -> None:
+        self.r = renderer
+        self._text = ""
+        self._decoded = 0  # ids decoded into _text
+        self._ok_ids = 0  # ids[:_ok_ids] verified against the tokenization of _text[:_ok_chars]
+        self._ok_chars = 0
+        self._special = set(renderer.end_of_turn_ids) | set(getattr(renderer.tok, "all_special_ids", []) or [])
+
+    def check(self, messages: list[Message], ids: list[int]) -> tuple[bool, bool]:
+        rendered = self.r.render_text(messages, gen_prompt=True)
+        self._decode_new(ids)
+        if rendered != self._text:
+            return True, True
+        tail_ids = ids[self._ok_ids:]
+        token_drift = list(self.r.tok.encode(rendered[self._ok_chars:], add_special_tokens=False)) != tail_ids
+        if not token_drift:
+            self._advance(ids)
+        return False, token_drift
+
+    def _decode_new(self, ids: list[int]) -> None:
+        if len(ids) < self._decoded:
+            raise ValueError("DriftCheck: the conversation's ids shrank; use one DriftCheck per trajectory")
+        piece = self.r.decode(ids[self._decoded:])
+        if "\ufffd" in piece:  # cut inside a character: decode the whole thing once
+            self._text = self.r.decode(ids)
+        else:
+            self._text += piece
+        self._decoded = len(ids)
+
+    def _advance(self, ids: list[int]) -> None:
+        last = next((i for i in range(len(ids) - 1, self._ok_ids - 1, -1) if ids[i] in self._special), None)
+        if last is None:
+            return
+        span = self.r.decode(ids[self._ok_ids:last + 1])
+        if self._text[self._ok_chars:self._ok_chars + len(span)] != span:
+            return  # decoding is not segment-additive here: keep the old checkpoint (still correct, just longer)
+        self._ok_ids, self._ok_chars = last + 1, self._ok_chars + len(span)

@@ -81,7 +81,8 @@ class StepCallback(TrainerCallback):
         sync_s = self.rollout.sync_s.pop(step, 0.0)
         train_s = max(0.0, self._t_end - self._t0 - done.rollout_s - sync_s)
         row = step_metrics(step, done.trajectories, logs, rollout_s=done.rollout_s, train_s=train_s,
-                           sync_s=sync_s, reused=done.reused)
+                           sync_s=sync_s, reused=done.reused, engine_idle_s=done.engine_idle_s,
+                           pipeline=done.pipeline)
         self.writer.write(row)
         self.rows.append(row)
         self.echo(table_row(row))

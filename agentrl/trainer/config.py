@@ -41,10 +41,27 @@ class ImportanceSampling(_Config):
     traces easily). `*_truncate` clamps the ratio into [clip_min, clip_max], `*_mask` zeroes tokens outside it.
     """
 
-    enabled: bool = False
+    enabled: bool | None = None  # None: on exactly when rollouts can be stale (pipeline.max_staleness > 0)
     mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "token_truncate"
     clip_min: float | None = Field(default=None, ge=0.0)
-    clip_max: float = Field(default=3.0, gt=0.0)
+    clip_max: float = Field(default=2.0, gt=0.0)
+
+
+class PipelineOptions(_Config):
+    """Pipelined training (trainer/pipeline.py): groups for steps t+1..t+k are generated while step t trains.
+
+    `max_staleness` k bounds how old the weights behind a trained group may be: a group started with weights
+    version v is trained at step t only if t - v <= k, else it is dropped and counted. k=0 is the synchronous run
+    (each step generates its own groups with its own weights, then trains)."""
+
+    max_staleness: int = Field(default=1, ge=0)
+
+
+class RolloutOptions(_Config):
+    """Stragglers: `oversample` 1.25 starts 25% more groups than a step needs and trains on the first complete
+    ones; the rest are carried into the next step (within the staleness bound) or cancelled, sandboxes released."""
+
+    oversample: float = Field(default=1.0, ge=1.0, le=4.0)
 
 
 class EvalOptions(_Config):
@@ -103,6 +120,8 @@ class TrainConfig(_Config):
     weight_decay: float = Field(default=0.0, ge=0.0)
     lora: LoraOptions | None = None
     importance_sampling: ImportanceSampling = Field(default_factory=ImportanceSampling)
+    pipeline: PipelineOptions = Field(default_factory=PipelineOptions)
+    rollout: RolloutOptions = Field(default_factory=RolloutOptions)
     # -- rollouts (the same pieces as `agentrl rollout`)
     sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(temperature=1.0))
     budgets: BudgetConfig = Field(default_factory=BudgetConfig)
@@ -144,6 +163,14 @@ class TrainConfig(_Config):
             raise ValueError(f"snapshot.every ({self.snapshot.every}) must be a multiple of checkpoint_every "
                              f"({self.checkpoint_every}): snapshot rollouts are stored under their checkpoint")
         return self
+
+    @property
+    def importance_correction(self) -> bool:
+        """Whether the IS correction runs: as configured, by default exactly when rollouts can be off-policy."""
+        enabled = self.importance_sampling.enabled
+        if enabled is None:
+            return self.pipeline.max_staleness > 0 or self.rollout.oversample > 1.0
+        return enabled
 
     @property
     def completions_per_step(self) -> int:

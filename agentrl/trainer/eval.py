@@ -49,8 +49,13 @@ def task_scores(trajectories: list[Trajectory]) -> dict[str, dict[str, Any]]:
 
 async def run_mode(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: int, sched: SchedulerConfig,
                    meta: dict[str, Any], store: TrajectoryStore | None = None, scorer: Scorer | None = None,
-                   step: int | None = None) -> list[Trajectory]:
-    scheduler = Scheduler(rollout, pool, dataclasses.replace(sched, group_size=samples), meta=meta, scorer=scorer)
+                   step: int | None = None, parent: Scheduler | None = None) -> list[Trajectory]:
+    """`parent`: the training job's scheduler, whose `max_trajectories` slots evaluation shares."""
+    if parent is not None:
+        scheduler = parent.sibling(rollout, group_size=samples, meta=meta, scorer=scorer)
+    else:
+        scheduler = Scheduler(rollout, pool, dataclasses.replace(sched, group_size=samples), meta=meta,
+                              scorer=scorer)
     out: list[Trajectory] = []
     async for group in scheduler.run(tasks, step=step):
         if store is not None:
@@ -61,7 +66,8 @@ async def run_mode(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: i
 
 async def evaluate(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: int, greedy: bool,
                    sched: SchedulerConfig, label: str, meta: dict[str, Any] | None = None,
-                   store_path: Path | None = None, scorer: Scorer | None = None) -> dict[str, Any]:
+                   store_path: Path | None = None, scorer: Scorer | None = None,
+                   parent: Scheduler | None = None) -> dict[str, Any]:
     """Score `tasks` with `rollout`'s sampling (`samples` runs each) and, if `greedy`, once at temperature 0."""
     modes: dict[str, SamplingParams] = {"sampled": rollout.sampling}
     if greedy:
@@ -72,6 +78,7 @@ async def evaluate(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: i
         runs = await asyncio.gather(*(
             run_mode(dataclasses.replace(rollout, sampling=sampling), pool, tasks,
                      samples=samples if mode == "sampled" else 1, sched=sched, store=store, scorer=scorer,
+                     parent=parent,
                      meta={**(meta or {}), "eval": label, "eval_mode": mode})
             for mode, sampling in modes.items()))
         for mode, trajs in zip(modes, runs):

@@ -28,6 +28,7 @@ import torch
 
 from agentrl.errors import ConfigError
 from agentrl.trainer.config import ImportanceSampling, TrainConfig
+from agentrl.trainer.metrics import IS_CLIPPED_KEY
 from agentrl.types import SamplingParams
 
 try:
@@ -69,7 +70,7 @@ def grpo_config(cfg: TrainConfig, sampling: SamplingParams) -> GRPOConfig:
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         top_k=sampling.top_k,
-        vllm_importance_sampling_correction=is_cfg.enabled,
+        vllm_importance_sampling_correction=cfg.importance_correction,
         vllm_importance_sampling_mode=is_cfg.mode,
         vllm_importance_sampling_clip_min=is_cfg.clip_min,
         vllm_importance_sampling_clip_max=is_cfg.clip_max,
@@ -121,8 +122,35 @@ class EpochRepeatSampler(RepeatSampler):
         return super().__iter__()
 
 
+def clipped_fraction(ratio: Any, mask: Any, mode: str, clip_min: float | None, clip_max: float) -> float:
+    """Fraction of IS ratios (tokens, or sequences in sequence modes) that the truncation clamped / the mask
+    zeroed. `ratio` is TRL's ratio after clamping: (B, T) per token or (B, 1) per sequence."""
+    if mode.endswith("_mask"):
+        clipped = ratio == 0.0
+    else:
+        clipped = ratio >= clip_max * (1.0 - 1e-6)
+        if clip_min is not None:
+            clipped = clipped | (ratio <= clip_min * (1.0 + 1e-6))
+    mask = mask.bool()
+    if ratio.shape[-1] == 1:
+        rows = mask.any(dim=-1)
+        return float(clipped[:, 0][rows].float().mean()) if rows.any() else 0.0
+    return float(clipped[mask].float().mean()) if mask.any() else 0.0
+
+
 class AgentGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer with a resume-stable data order. Everything else is TRL's."""
+    """GRPOTrainer with a resume-stable data order and the IS clipped fraction logged. Everything else is TRL's."""
+
+    def _generate_and_score_completions(self, inputs: Any) -> Any:
+        out = super()._generate_and_score_completions(inputs)
+        ratio = out.get("importance_sampling_ratio")
+        if ratio is not None:
+            mask = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
+            mode = "train" if self.model.training else "eval"
+            self._metrics[mode][IS_CLIPPED_KEY].append(clipped_fraction(
+                ratio, mask, self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min,
+                self.vllm_importance_sampling_clip_max))
+        return out
 
     def _get_train_sampler(self, dataset: Any = None) -> Any:
         return EpochRepeatSampler(

@@ -42,6 +42,7 @@ from agentrl.trainer.config import TrainConfig
 from agentrl.trainer.grpo import AgentGRPOTrainer, enable_importance_sampling, grpo_config, load_policy, peft_config
 from agentrl.trainer.loop import BackgroundLoop
 from agentrl.trainer.metrics import MetricsWriter
+from agentrl.trainer.pipeline import PipelineConfig, RolloutPipeline, TaskStream, consumed_slots, sampler_order
 from agentrl.trainer.resume import ResumeState, prepare_resume
 from agentrl.trainer.rollout_func import AgentRollout, env_reward
 from agentrl.trainer.weight_sync import DiskWeightSync, LocalWeightSync, WeightSync
@@ -166,6 +167,8 @@ class Job:
                 stack.callback(lambda: loop.run(scorer.aclose()))
             store = stack.enter_context(TrajectoryStore(cfg.trajectories_path, resume=True))
             callback = self._build(loop, store, state)
+            assert self.rollout_fn is not None
+            stack.callback(self.rollout_fn.close)  # before the pool closes: groups running ahead are cancelled
             self.trainer.train(resume_from_checkpoint=str(state.checkpoint) if state.checkpoint else None)
         return JobResult(steps_done=int(self.trainer.state.global_step), resumed_from=state.step,
                          rows=callback.rows, output_dir=cfg.output_dir)
@@ -186,9 +189,11 @@ class Job:
         meta = {**parts.meta, "sampling": self.sampling.model_dump(), "seed": cfg.seed}
         scheduler = Scheduler(self.rollout, parts.pool, self.sched_cfg, meta=meta, scorer=parts.scorer)
         end_id = int(parts.engine.eos_token_ids[0])
-        rollout_fn = AgentRollout(scheduler=scheduler, tasks={t.id: t for t in parts.tasks}, store=store,
-                                  loop=loop, weight_sync=_weight_sync(cfg, parts.engine, loop),
-                                  group_size=cfg.group_size, max_concurrency=cfg.max_trajectories,
+        pipeline = RolloutPipeline(scheduler, {t.id: t for t in parts.tasks}, PipelineConfig(
+            batch_groups=cfg.batch_size, max_staleness=cfg.pipeline.max_staleness,
+            oversample=cfg.rollout.oversample, last_step=cfg.steps - 1), start_step=state.step)
+        rollout_fn = AgentRollout(pipeline=pipeline, store=store, loop=loop,
+                                  weight_sync=_weight_sync(cfg, parts.engine, loop), group_size=cfg.group_size,
                                   end_id=end_id, reuse=state.reuse)
         self.rollout_fn = rollout_fn
         callback = StepCallback(rollout_fn, MetricsWriter(cfg.metrics_path), total_steps=cfg.steps,
@@ -204,7 +209,10 @@ class Job:
                 processing_class=parts.tokenizer, peft_config=peft_config(cfg), rollout_func=rollout_fn,
                 callbacks=[callback])
         _strip_console_callbacks(self.trainer)
-        if cfg.importance_sampling.enabled:
+        if not pipeline.config.synchronous:
+            done = state.kept_trajectories + [t for ts in state.reuse.values() for t in ts]
+            pipeline.stream = TaskStream(sampler_order(self.trainer, cfg.group_size), skip=consumed_slots(done))
+        if cfg.importance_correction:
             enable_importance_sampling(self.trainer, cfg.importance_sampling, rollout_fn.maybe_sync)
         check_startup(engine=parts.engine, trainer=self.trainer, runner_tokenizer=parts.renderer.tok,
                       sampling=self.sampling, max_completion_tokens=cfg.budgets.max_completion_tokens)
@@ -217,7 +225,8 @@ class Job:
         result = loop.run(evaluation.evaluate(
             self.rollout, self.parts.pool, self.parts.eval_tasks, samples=self.cfg.eval.samples,
             greedy=self.cfg.eval.greedy, sched=self.sched_cfg, label=f"step-{step}",
-            meta={**self.parts.meta, "step": step}, store_path=out / f"step-{step}.jsonl", scorer=self.parts.scorer))
+            meta={**self.parts.meta, "step": step}, store_path=out / f"step-{step}.jsonl", scorer=self.parts.scorer,
+            parent=rollout_fn.scheduler))
         evaluation.write_json(out / f"step-{step}.json", result)
         means = "  ".join(f"{m} {_fmt(v['mean'])}" for m, v in result["modes"].items())
         self.echo(f"eval step-{step}: {means}")

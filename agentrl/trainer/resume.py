@@ -47,6 +47,7 @@ class ResumeState:
     kept: int = 0  # trajectories kept (steps < step)
     dropped: int = 0  # trajectories removed (partial steps, steps beyond the checkpoint, unreadable lines)
     removed_checkpoints: list[Path] = field(default_factory=list)
+    kept_trajectories: list[Trajectory] = field(default_factory=list)  # steps < step, as kept in the store
 
 
 def checkpoint_step(path: Path) -> int | None:
@@ -141,6 +142,7 @@ def prepare_resume(output_dir: Path, rows_per_step: int) -> ResumeState:
         # step-K rows are removed from the file too; the rollout function appends them back when it reuses them
         _atomic_write_lines(store_path, [t.model_dump_json().encode() + b"\n" for t in kept])
         state.kept, state.dropped = len(kept), dropped + len(errors)
+        state.kept_trajectories = kept
         if reuse:
             state.reuse[step] = reuse
     cut_metrics(output_dir / "metrics.jsonl", step)

@@ -1,10 +1,11 @@
 """The TRL `rollout_func`: TRL's prompts (task ids) -> real multi-turn trajectories -> TRL's completion batch.
 
-Owns: mapping each received prompt to its task, running exactly one trajectory per prompt through the real runner
-(`Scheduler.run_one`, all of a step concurrently on the job's background loop), syncing the engine's weights first
-when the optimizer has stepped, writing the step's trajectories to the store (one write per step), reusing a
-step's stored rollout on resume, and converting trajectories into TRL's dict. Does not own the loop of one
-trajectory (runner), rewards (the trajectory's `reward`, read by `env_reward`), or when TRL calls us.
+Owns: syncing the engine's weights first when the optimizer has stepped, asking the rollout pipeline
+(`pipeline.py`: the one scheduler's fan-out, admission and staleness bounds, over-sampling) for the step's groups,
+writing the step's trajectories to the store (one write per step, tagged with `train_step` and `dispatch_version`),
+reusing a step's stored rollout on resume, the per-step timing the trainer waited and the engine idled, and
+converting trajectories into TRL's dict. Does not own the loop of one trajectory (runner), rewards (the
+trajectory's `reward`, read by `env_reward`), or when TRL calls us.
 
 TRL contract (trl 1.16 `GRPOTrainer._generate`, see DESIGN §3 and reference/trl-sglang.md §2.3):
 
@@ -24,19 +25,16 @@ is sent as a single end-of-turn token with env_mask 0 and reward None.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.envs.base import Task
 from agentrl.errors import ConfigError
-from agentrl.runner import Scheduler
 from agentrl.store import TrajectoryStore
 from agentrl.trainer.loop import BackgroundLoop
+from agentrl.trainer.pipeline import RolloutPipeline
 from agentrl.trainer.weight_sync import WeightSync
 from agentrl.types import Status, Trajectory
 
@@ -49,8 +47,10 @@ class StepRollout:
 
     step: int
     trajectories: list[Trajectory]
-    rollout_s: float
+    rollout_s: float  # the trainer's wait for this step's groups (= trainer_wait_s)
     reused: bool
+    engine_idle_s: float = 0.0  # no trajectory of ours in flight, since the previous step's rollout returned
+    pipeline: dict[str, int] = field(default_factory=dict)
 
 
 def group_blocks(prompts: list[Any], group_size: int) -> list[list[str]]:
@@ -102,21 +102,21 @@ def env_reward(prompts: list[Any], completions: list[Any], env_reward: list[floa
 class AgentRollout:
     """Callable passed as `GRPOTrainer(rollout_func=...)`. One instance per training job."""
 
-    def __init__(self, *, scheduler: Scheduler, tasks: Mapping[str, Task], store: TrajectoryStore,
-                 loop: BackgroundLoop, weight_sync: WeightSync, group_size: int, max_concurrency: int,
-                 end_id: int, reuse: Mapping[int, list[Trajectory]] | None = None) -> None:
-        self.scheduler = scheduler
-        self.tasks = dict(tasks)
+    def __init__(self, *, pipeline: RolloutPipeline, store: TrajectoryStore, loop: BackgroundLoop,
+                 weight_sync: WeightSync, group_size: int, end_id: int,
+                 reuse: Mapping[int, list[Trajectory]] | None = None) -> None:
+        self.pipeline = pipeline
+        self.scheduler = pipeline.scheduler
         self.store = store
         self.loop = loop
         self.weight_sync = weight_sync
         self.group_size = group_size
-        self.max_concurrency = max_concurrency
         self.end_id = end_id
         self.synced_version: int | None = None
         self.sync_s: dict[int, float] = {}
         self.steps: dict[int, StepRollout] = {}
         self._reuse = dict(reuse or {})
+        self._idle_mark = 0.0
 
     # -- TRL entry point -------------------------------------------------------------------------------------
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
@@ -127,10 +127,19 @@ class AgentRollout:
         trajectories = self._take_reuse(step, blocks)
         reused = trajectories is not None
         if trajectories is None:
-            trajectories = self.loop.run(self._run_step(blocks, step))
+            groups = self.loop.run(self.pipeline.batch(step, [b[0] for b in blocks]))
+            trajectories = [t for g in groups for t in g]
+        else:
+            self.pipeline.mark_consumed(len(blocks))
+            self.loop.run(self._admit(step))  # the next steps' groups start while this step trains
+        wait_s = time.perf_counter() - t0
         self.store.append_group(trajectories)  # the whole step in one write + fsync
         self.scheduler.guard.check(where=f"this run (up to step {step})")  # stored first: nothing is lost
-        self.steps[step] = StepRollout(step, trajectories, time.perf_counter() - t0, reused)
+        idle = self.scheduler.idle_seconds()
+        counters = self.pipeline.counters.pop(step, None)
+        self.steps[step] = StepRollout(step, trajectories, wait_s, reused, engine_idle_s=idle - self._idle_mark,
+                                       pipeline=counters.as_dict() if counters else {})
+        self._idle_mark = idle
         return to_trl_batch(trajectories, self.end_id)
 
     def maybe_sync(self, trainer: Any, *, account: bool = True) -> float:
@@ -149,35 +158,24 @@ class AgentRollout:
             self.sync_s[step] = self.sync_s.get(step, 0.0) + dt
         return dt
 
+    def close(self) -> None:
+        """Cancel the groups still running ahead of training (the job is over or failed)."""
+        if not self.loop.closed:
+            self.loop.run(self.pipeline.close())
+
     # -- internals ---------------------------------------------------------------------------------------------
-    def _task(self, task_id: str) -> Task:
-        task = self.tasks.get(task_id)
-        if task is None:
-            raise ConfigError(f"rollout_func got prompt {task_id!r}, which is not a task id of this job "
-                              f"(first ids: {list(self.tasks)[:5]}); the dataset column 'prompt' must hold task ids")
-        return task
-
-    async def _run_step(self, blocks: list[list[str]], step: int) -> list[Trajectory]:
-        """Exactly one trajectory per received prompt, all concurrently (bounded), in prompt order."""
-        slots = asyncio.Semaphore(self.max_concurrency)
-
-        async def one(task: Task, group_id: str, k: int) -> Trajectory:
-            async with slots:
-                return await self.scheduler.run_one(task, group_id=group_id, sample_index=k, step=step)
-
-        jobs = []
-        for block in blocks:
-            task, group_id = self._task(block[0]), f"s{step}-{uuid.uuid4().hex[:10]}"
-            jobs += [one(task, group_id, k) for k in range(len(block))]
-        return list(await asyncio.gather(*jobs))
+    async def _admit(self, step: int) -> None:
+        if not self.pipeline.config.synchronous:
+            self.pipeline.admit(step)
 
     def _take_reuse(self, step: int, blocks: list[list[str]]) -> list[Trajectory] | None:
-        """The stored complete rollout of `step` (from before a crash) if it matches these prompts exactly."""
+        """The stored complete rollout of `step` (from before a crash). Synchronous runs reuse it only if it
+        matches TRL's prompts exactly; pipelined runs follow their own task stream, whose slots it consumed."""
         stored = self._reuse.pop(step, None)
         if stored is None:
             return None
         wanted = [p for block in blocks for p in block]
-        if [t.task_id for t in stored] != wanted:
+        if self.pipeline.config.synchronous and [t.task_id for t in stored] != wanted:
             log.warning("resume: the stored rollout of step %d is for other tasks than TRL drew now; regenerating",
                         step)
             return None

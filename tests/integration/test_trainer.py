@@ -49,7 +49,8 @@ def job(model: Path, out: Path, **overrides: Any) -> TrainConfig:
         "model": str(model), "env": "print_number", "env_options": {"tasks": 8}, "group_size": 4, "batch_size": 2,
         "steps": 2, "learning_rate": 2e-3, "sampling": {"temperature": 1.0, "max_new_tokens": 24},
         "budgets": {"max_turns": 2, "max_completion_tokens": 80, "tool_timeout_s": 10},
-        "sandbox": {"warm": 2, "max_sandboxes": 8}, "max_trajectories": 8, "output_dir": str(out), "seed": 0}
+        "sandbox": {"warm": 2, "max_sandboxes": 8}, "max_trajectories": 8, "output_dir": str(out), "seed": 0,
+        "pipeline": {"max_staleness": 0}}  # the synchronous run; pipelined runs set it
     data.update(overrides)
     return TrainConfig.model_validate(data)
 
@@ -355,10 +356,13 @@ def _train_cmd(config: Path, *extra: str) -> list[str]:
     return [sys.executable, str(HERE / "trainer_cli.py"), "train", "--config", str(config), *extra]
 
 
-def test_kill9_mid_step_then_resume(taught_model: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_kill9_mid_step_then_resume(taught_model: Path, tmp_path: Path, staleness: int) -> None:
+    """k=1: groups generated ahead of training at the kill are regenerated; every slot of the task stream is
+    trained at most once and every step exactly once."""
     out = tmp_path / "run"
     config = tmp_path / "job.yaml"
-    cfg = job(taught_model, out, steps=3)
+    cfg = job(taught_model, out, steps=3, pipeline={"max_staleness": staleness})
     config.write_text(json.dumps(json.loads(cfg.model_dump_json())))  # JSON is YAML
     store = out / "trajectories.jsonl"
     proc = subprocess.Popen(_train_cmd(config), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -390,10 +394,31 @@ def test_kill9_mid_step_then_resume(taught_model: Path, tmp_path: Path) -> None:
     assert [t.id for t in after if t.step < resume_at] == [t.id for t in before if t.step < resume_at]
     if len(stored_at_resume) == 8:
         assert [t.id for t in after if t.step == resume_at] == stored_at_resume
-    assert all(turn.weight_version == t.step for t in after for turn in t.turns)
+    if staleness == 0:
+        assert all(turn.weight_version == t.step for t in after for turn in t.turns)
+    else:  # each turn's exact version lies between the group's dispatch and the step that trained it
+        assert all(t.dispatch_version <= turn.weight_version <= t.train_step == t.step
+                   and t.step - t.dispatch_version <= 1 for t in after for turn in t.turns)
+        slots = Counter(t.meta["slot"] for t in after)
+        assert set(slots.values()) == {4}  # no slot trained twice (4 samples per group)
     rows = read_metrics(out / "metrics.jsonl")
     assert [row["step"] for row in rows] == [0, 1, 2]
     assert (out / "checkpoints" / "checkpoint-3" / "trainer_state.json").exists()
+
+
+def test_pipelined_run_logs_staleness_and_is_metrics(taught_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = run_train(job(taught_model, out, steps=3, pipeline={"max_staleness": 1}))
+    assert result.steps_done == 3
+    rows = read_metrics(out / "metrics.jsonl")
+    assert all(r["is_ratio_mean"] is not None and r["is_ratio_clipped_frac"] is not None for r in rows)
+    assert all(r["trainer_wait_s"] >= 0 and r["engine_idle_s"] >= 0 for r in rows)
+    trajs = read_trajectories(out / "trajectories.jsonl")
+    assert Counter(t.step for t in trajs) == {0: 8, 1: 8, 2: 8}
+    assert max(r["staleness_max"] for r in rows) == 1  # step 1 trained groups started with v0 weights
+    for t in trajs:
+        assert t.train_step == t.step and 0 <= t.step - t.dispatch_version <= 1
+        assert all(t.dispatch_version <= turn.weight_version <= t.step for turn in t.turns)
 
 
 def test_train_and_eval_commands_parse() -> None:

@@ -93,3 +93,64 @@ def test_template_without_end_of_turn_rejected(smollm2_tokenizer) -> None:  # ty
     tok = _with_template(smollm2_tokenizer, "{% for m in messages %}{{ m['content'] }}{% endfor %}")
     with pytest.raises(TemplateError, match="end-of-turn"):
         ChatRenderer(tok)
+
+
+@pytest.mark.parametrize("template", [None, NO_NEWLINE_TEMPLATE, DROPPING_TEMPLATE])
+@pytest.mark.parametrize("odd_turn", [None, 0, 2])
+def test_incremental_drift_check_answers_like_the_full_check(smollm2_tokenizer, template,  # type: ignore[no-untyped-def]
+                                                           odd_turn) -> None:
+    """Turn by turn, DriftCheck (incremental decode + re-tokenize) gives the full check's answer: no drift, a
+    template that drops earlier turns (text drift), and a non-canonical tokenization at turn `odd_turn` (token drift
+    from that turn on, including turns after it, as the full check reports it)."""
+    tok = smollm2_tokenizer if template is None else _with_template(smollm2_tokenizer, template)
+    r = ChatRenderer(tok)
+    check = r.drift_check()
+    msgs = _conversation()
+    ids = r.prompt_ids(msgs)
+    answers = []
+    for turn in range(5):
+        reply = f"```python\nprint('hello {turn}')\n```"
+        model_ids = list(tok.encode(reply, add_special_tokens=False))
+        if turn == odd_turn:
+            reply = "hello" + reply
+            model_ids = [tok.convert_tokens_to_ids(ch) for ch in "hello"] + model_ids
+        obs = [Message(role="user", content=f"exit 0\nhello {turn} ü ✓\n")]
+        ids = ids + model_ids + [tok.eos_token_id] + r.suffix_ids(obs)
+        msgs = msgs + [Message(role="assistant", content=reply)] + obs
+        full = r.check_drift(msgs, ids)
+        assert check.check(msgs, ids) == full, f"turn {turn}"
+        answers.append(full)
+    if template == DROPPING_TEMPLATE:
+        assert answers[-1] == (True, True)
+    elif odd_turn is not None:
+        assert answers[odd_turn:] == [(False, True)] * (5 - odd_turn) and answers[:odd_turn] == [(False, False)] * odd_turn
+    else:
+        assert answers == [(False, False)] * 5
+
+
+def test_incremental_drift_check_encodes_only_the_new_part(smollm2_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    tok = smollm2_tokenizer
+    r = ChatRenderer(tok)
+    check = r.drift_check()
+    msgs = _conversation()
+    ids = r.prompt_ids(msgs)
+    encoded: list[int] = []
+    orig = tok.encode
+
+    class Spy:
+        def __getattr__(self, name):  # type: ignore[no-untyped-def]
+            return getattr(tok, name)
+
+        def encode(self, text, **kw):  # type: ignore[no-untyped-def]
+            encoded.append(len(text))
+            return orig(text, **kw)
+
+    r.tok = Spy()
+    for turn in range(8):
+        reply = "x" * 200 + f" {turn}"
+        ids = ids + list(orig(reply, add_special_tokens=False)) + [tok.eos_token_id]
+        obs = [Message(role="user", content="y" * 200)]
+        ids += r.suffix_ids(obs)
+        msgs = msgs + [Message(role="assistant", content=reply)] + obs
+        assert check.check(msgs, ids) == (False, False)
+    assert max(encoded) < 2 * min(encoded[1:])  # the encoded text does not grow with the conversation
