@@ -15,7 +15,6 @@ import asyncio
 import logging
 import time
 import traceback
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ from agentrl.envs.base import Task
 from agentrl.errors import InfraError
 from agentrl.reward import score
 from agentrl.runner.rollout import Rollout, TrajectoryState
+from agentrl.runner.seeds import IdPlan
 from agentrl.types import Status, Timing, Trajectory
 
 log = logging.getLogger("agentrl.runner")
@@ -36,6 +36,8 @@ class SchedulerConfig:
     trajectory_timeout_s: float = 600.0
     infra_retries: int = 2
     finalize_timeout_s: float = 120.0
+    seed: int | None = None  # deterministic: ids and per-turn sampling seeds derived from it (runner/seeds.py)
+    namespace: str = ""  # separates deterministic runs that share a seed (e.g. evaluation modes)
 
 
 @dataclass
@@ -64,14 +66,17 @@ class Scheduler:
         self.progress = Progress()
         self._on_trajectory = on_trajectory
         self._slots = asyncio.Semaphore(config.max_trajectories)
+        self.ids = IdPlan(config.seed, config.namespace)
 
     async def run(self, tasks: Iterable[Task], *, step: int | None = None) -> AsyncIterator[list[Trajectory]]:
         """Run G samples of every task; yield each group (ordered by sample index) as soon as it is complete."""
         done: asyncio.Queue[tuple[str, Trajectory]] = asyncio.Queue()
         groups: dict[str, list[Trajectory]] = {}
         workers: list[asyncio.Task[None]] = []
+        seen: dict[str, int] = {}
         for task in tasks:
-            group_id = uuid.uuid4().hex[:12]
+            seen[task.id] = seen.get(task.id, -1) + 1
+            group_id = self.ids.group_id(task.id, step, replica=seen[task.id])
             groups[group_id] = []
             for k in range(self.config.group_size):
                 workers.append(asyncio.create_task(self._one(task, group_id, k, step, done)))
@@ -105,8 +110,8 @@ class Scheduler:
             attempt += 1
 
     async def _attempt(self, task: Task, group_id: str, k: int, attempt: int, step: int | None) -> Trajectory:
-        traj_id = uuid.uuid4().hex
-        state = self.rollout.start(task)
+        traj_id = self.ids.trajectory_id(group_id, k, attempt)
+        state = self.rollout.start(task, seed=self.ids.trajectory_seed(group_id, k))
         timing = Timing()
         t0 = time.perf_counter()
         tests, solution, error = None, None, None
