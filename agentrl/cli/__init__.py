@@ -6,6 +6,7 @@
     agentrl envs check NAME [--solutions FILE.jsonl] [--sandbox BACKEND] [--json FILE]
     agentrl sandbox gc [--backend local|docker] [--all]
     agentrl engine serve --model PATH --port N [--host 127.0.0.1]   (stand-in SGLang server over the local engine)
+    agentrl diff RUN_A RUN_B                                         (first divergence of two runs; exit 1 if any)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.cli.debug import add_replay_commands
+from agentrl.cli.diff import add_diff_command
 from agentrl.cli.train import add_train_commands
 from agentrl.errors import AgentRLError, ConfigError
 
@@ -44,6 +46,8 @@ def _add_rollout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unsafe-no-isolation", action="store_true", default=None,
                    help="local sandboxes without bubblewrap (no isolation at all)")
     p.add_argument("--seed", type=int, help="seed for sampling (default 0)")
+    p.add_argument("--deterministic", action="store_true", default=None,
+                   help="same seed -> identical trajectories whatever the load (slower; docs/determinism.md)")
     p.add_argument("--temperature", type=float)
     p.add_argument("--max-new-tokens", type=int, help="per-turn generation budget")
     p.add_argument("--concurrency", type=int, dest="max_trajectories", help="trajectories in flight (default 16)")
@@ -55,7 +59,8 @@ def _add_rollout_args(p: argparse.ArgumentParser) -> None:
 def _overrides(a: argparse.Namespace) -> dict[str, Any]:
     """CLI flags -> nested config overrides (only flags the user actually gave)."""
     o: dict[str, Any] = {k: v for k in ("env", "tasks", "task_ids", "group_size", "out", "resume", "seed",
-                                          "summary_json", "max_trajectories") if (v := getattr(a, k)) is not None}
+                                          "deterministic", "summary_json", "max_trajectories")
+                         if (v := getattr(a, k)) is not None}
     nested = {
         ("budgets", "max_turns"): a.max_turns, ("engine", "model"): a.model, ("engine", "type"): a.engine,
         ("sampling", "temperature"): a.temperature, ("sampling", "max_new_tokens"): a.max_new_tokens,
@@ -184,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--all", action="store_true", help="remove every agentrl sandbox, live runs included")
     gc.set_defaults(func=_cmd_sandbox_gc)
     add_replay_commands(sub)
+    add_diff_command(sub)
     _add_engine_commands(sub)
     add_train_commands(sub)
     return parser

@@ -95,6 +95,7 @@ class TrainConfig(_Config):
     eval_every: int = Field(default=0, ge=0)  # 0: no evaluation during training
     eval: EvalOptions = Field(default_factory=EvalOptions)
     seed: int = 0
+    deterministic: bool = False  # identical trajectories, metrics and checkpoints per seed (docs/determinism.md)
     device: Literal["cpu", "auto"] = "cpu"  # auto: accelerate picks (GPU if present)
     bf16: bool = False
 
@@ -140,6 +141,7 @@ class TrainConfig(_Config):
         return RolloutConfig(
             env=self.env, env_options=self.env_options, tasks=self.tasks, task_ids=self.task_ids,
             group_size=self.group_size, out=self.trajectories_path, resume=True, seed=self.seed,
+            deterministic=self.deterministic,
             max_trajectories=self.max_trajectories, infra_retries=self.infra_retries, sampling=self.sampling,
             budgets=self.budgets, engine=self.engine.model_copy(update={"model": self.model}), sandbox=self.sandbox,
         )

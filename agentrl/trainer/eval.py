@@ -48,7 +48,10 @@ def task_scores(trajectories: list[Trajectory]) -> dict[str, dict[str, Any]]:
 
 async def run_mode(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: int, sched: SchedulerConfig,
                    meta: dict[str, Any], store: TrajectoryStore | None = None) -> list[Trajectory]:
-    scheduler = Scheduler(rollout, pool, dataclasses.replace(sched, group_size=samples), meta=meta)
+    # deterministic runs: ids and seeds per mode, the same for every policy evaluated (paired comparisons)
+    namespace = f"{sched.namespace}|eval|{meta.get('eval_mode', '')}"
+    scheduler = Scheduler(rollout, pool, dataclasses.replace(sched, group_size=samples, namespace=namespace),
+                          meta=meta)
     out: list[Trajectory] = []
     async for group in scheduler.run(tasks):
         if store is not None:

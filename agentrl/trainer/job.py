@@ -138,7 +138,8 @@ class Job:
                                sampling=self.sampling, budgets=self.budgets)
         self.sched_cfg = SchedulerConfig(group_size=cfg.group_size, max_trajectories=cfg.max_trajectories,
                                          trajectory_timeout_s=cfg.budgets.trajectory_timeout_s,
-                                         infra_retries=cfg.infra_retries)
+                                         infra_retries=cfg.infra_retries,
+                                         seed=cfg.seed if cfg.deterministic else None)
         self.trainer: Any = None
         self.rollout_fn: AgentRollout | None = None
 
@@ -185,6 +186,10 @@ class Job:
         callback = StepCallback(rollout_fn, MetricsWriter(cfg.metrics_path), total_steps=cfg.steps,
                                 echo=self.echo, eval_every=cfg.eval_every if parts.eval_tasks else 0,
                                 run_eval=lambda step: self._evaluate(loop, rollout_fn, step))
+        if cfg.deterministic:  # before the policy is built: a LoRA adapter's initialisation draws from torch's RNG
+            from transformers import enable_full_determinism
+
+            enable_full_determinism(cfg.seed)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*rollout_func.*experimental")
             self.trainer = AgentGRPOTrainer(

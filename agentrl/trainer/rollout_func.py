@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -165,8 +164,11 @@ class AgentRollout:
                 return await self.scheduler.run_one(task, group_id=group_id, sample_index=k, step=step)
 
         jobs = []
+        seen: dict[str, int] = {}
         for block in blocks:
-            task, group_id = self._task(block[0]), f"s{step}-{uuid.uuid4().hex[:10]}"
+            task = self._task(block[0])
+            seen[task.id] = seen.get(task.id, -1) + 1  # TRL may draw a task twice in one step: distinct groups
+            group_id = f"s{step}-{self.scheduler.ids.group_id(task.id, step, replica=seen[task.id])}"
             jobs += [one(task, group_id, k) for k in range(len(block))]
         return list(await asyncio.gather(*jobs))
 
