@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from agentrl.envs.base import Env, Task
 from agentrl.errors import ConfigError
 from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
@@ -157,7 +159,8 @@ class Job:
             loop.run(pool_stack.enter_async_context(self.parts.pool))
             stack.callback(lambda: loop.run(pool_stack.aclose()))
             store = stack.enter_context(TrajectoryStore(cfg.trajectories_path, resume=True))
-            callback = self._build(loop, store, state)
+            stack.callback(torch.use_deterministic_algorithms, torch.are_deterministic_algorithms_enabled())
+            callback = self._build(loop, store, state)  # deterministic: switches torch's deterministic mode on
             self.trainer.train(resume_from_checkpoint=str(state.checkpoint) if state.checkpoint else None)
         return JobResult(steps_done=int(self.trainer.state.global_step), resumed_from=state.step,
                          rows=callback.rows, output_dir=cfg.output_dir)
