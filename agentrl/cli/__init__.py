@@ -128,7 +128,7 @@ def _cmd_engine_serve(a: argparse.Namespace) -> int:
 
     return _run_cancellable(serve(a.model, host=a.host, port=a.port, worker_id=a.worker_id,
                                   max_batch_size=a.max_batch_size, context_window=a.context_window, seed=a.seed,
-                                  weight_version=a.weight_version, echo=a.echo))
+                                  weight_version=a.weight_version, echo=a.echo, deterministic=a.deterministic))
 
 
 def _add_engine_commands(sub: Any) -> None:
@@ -144,6 +144,8 @@ def _add_engine_commands(sub: Any) -> None:
     s.add_argument("--seed", type=int, help="engine seed for sampling")
     s.add_argument("--weight-version", default="default", help="initial weight_version label")
     s.add_argument("--echo", action="store_true", help="benchmarks only: answer one token without a model")
+    s.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant, request-seeded generation (like SGLang's --enable-deterministic-inference)")
     s.set_defaults(func=_cmd_engine_serve)
 
 
