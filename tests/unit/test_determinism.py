@@ -94,3 +94,19 @@ def test_without_a_seed_ids_are_random_and_no_seed_is_set() -> None:
     plan = IdPlan(None)
     assert plan.group_id("t", None) != plan.group_id("t", None)
     assert plan.trajectory_seed("g", 0) is None and not plan.deterministic
+
+
+def test_deterministic_flag_reaches_every_config() -> None:
+    from agentrl.cli import _overrides, build_parser
+    from agentrl.cli.train import _train_overrides
+    from agentrl.config import RolloutConfig
+    from agentrl.trainer.config import TrainConfig
+
+    parser = build_parser()
+    rollout = _overrides(parser.parse_args(["rollout", "--deterministic", "--seed", "7"]))
+    assert RolloutConfig.model_validate(rollout).deterministic is True
+    assert "deterministic" not in _overrides(parser.parse_args(["rollout"]))  # a YAML value is not overridden
+    train = TrainConfig.model_validate(_train_overrides(parser.parse_args(["train", "--deterministic"])))
+    assert train.deterministic and train.rollout_config().deterministic
+    ev = parser.parse_args(["eval", "--checkpoint", "x", "--deterministic", "--seed", "3"])
+    assert ev.deterministic is True and ev.seed == 3
