@@ -149,6 +149,7 @@ class RolloutConfig(_Config):
     out: Path = Path("trajectories.jsonl")
     resume: bool = False
     seed: int = 0
+    deterministic: bool = False  # same seed/config/model/tasks -> identical trajectories (docs/determinism.md)
     summary_json: Path | None = None
     max_trajectories: int = Field(default=16, ge=1)  # trajectories in flight (each holds a sandbox)
     infra_retries: int = Field(default=2, ge=0)

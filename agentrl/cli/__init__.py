@@ -8,6 +8,7 @@
     agentrl engine serve --model PATH --port N [--host 127.0.0.1] [--api sglang|vllm]
                                                   (stand-in SGLang / vLLM server over the local engine)
     agentrl reward serve [--port N]               (reference reward-model service, http source)
+    agentrl diff RUN_A RUN_B                      (first divergence of two runs; exit 1 if any)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from agentrl.cli.debug import add_replay_commands
 from agentrl.cli.reward import add_reward_commands
+from agentrl.cli.diff import add_diff_command
 from agentrl.cli.train import add_train_commands
 from agentrl.errors import AgentRLError, ConfigError
 
@@ -47,6 +49,8 @@ def _add_rollout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unsafe-no-isolation", action="store_true", default=None,
                    help="local sandboxes without bubblewrap (no isolation at all)")
     p.add_argument("--seed", type=int, help="seed for sampling (default 0)")
+    p.add_argument("--deterministic", action="store_true", default=None,
+                   help="same seed -> identical trajectories whatever the load (slower; docs/determinism.md)")
     p.add_argument("--temperature", type=float)
     p.add_argument("--max-new-tokens", type=int, help="per-turn generation budget")
     p.add_argument("--concurrency", type=int, dest="max_trajectories", help="trajectories in flight (default 16)")
@@ -58,7 +62,8 @@ def _add_rollout_args(p: argparse.ArgumentParser) -> None:
 def _overrides(a: argparse.Namespace) -> dict[str, Any]:
     """CLI flags -> nested config overrides (only flags the user actually gave)."""
     o: dict[str, Any] = {k: v for k in ("env", "tasks", "task_ids", "group_size", "out", "resume", "seed",
-                                          "summary_json", "max_trajectories") if (v := getattr(a, k)) is not None}
+                                          "deterministic", "summary_json", "max_trajectories")
+                         if (v := getattr(a, k)) is not None}
     nested = {
         ("budgets", "max_turns"): a.max_turns, ("engine", "model"): a.model, ("engine", "type"): a.engine,
         ("sampling", "temperature"): a.temperature, ("sampling", "max_new_tokens"): a.max_new_tokens,
@@ -134,7 +139,7 @@ def _cmd_engine_serve(a: argparse.Namespace) -> int:
 
     return _run_cancellable(serve(a.model, host=a.host, port=a.port, worker_id=a.worker_id,
                                   max_batch_size=a.max_batch_size, context_window=a.context_window, seed=a.seed,
-                                  weight_version=a.weight_version, echo=a.echo))
+                                  weight_version=a.weight_version, echo=a.echo, deterministic=a.deterministic))
 
 
 def _add_engine_commands(sub: Any) -> None:
@@ -151,6 +156,8 @@ def _add_engine_commands(sub: Any) -> None:
     s.add_argument("--seed", type=int, help="engine seed for sampling")
     s.add_argument("--weight-version", default="default", help="initial weight_version label")
     s.add_argument("--echo", action="store_true", help="benchmarks only: answer one token without a model")
+    s.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant, request-seeded generation (like SGLang's --enable-deterministic-inference)")
     s.set_defaults(func=_cmd_engine_serve)
 
 
@@ -196,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--all", action="store_true", help="remove every agentrl sandbox, live runs included")
     gc.set_defaults(func=_cmd_sandbox_gc)
     add_replay_commands(sub)
+    add_diff_command(sub)
     _add_engine_commands(sub)
     add_train_commands(sub)
     add_reward_commands(sub)

@@ -32,6 +32,8 @@ def add_train_commands(sub: Any) -> None:
     p.add_argument("--steps", type=int, help="total optimizer steps (overrides `steps`)")
     p.add_argument("--output-dir", type=Path, help="overrides `output_dir`")
     p.add_argument("--seed", type=int, help="overrides `seed`")
+    p.add_argument("--deterministic", action="store_true", default=None,
+                   help="identical trajectories, metrics and checkpoints per seed (slower; docs/determinism.md)")
     p.set_defaults(func=_cmd_train)
     e = sub.add_parser("eval", help="score a checkpoint on a fixed task set (sampled + greedy), diff vs a baseline")
     e.add_argument("--checkpoint", required=True,
@@ -42,6 +44,9 @@ def add_train_commands(sub: Any) -> None:
     e.add_argument("--tasks", type=int, help="evaluate the first N tasks (overrides eval.tasks)")
     e.add_argument("--samples", type=int, help="sampled runs per task (overrides eval.samples)")
     e.add_argument("--no-greedy", action="store_true", help="skip the greedy run")
+    e.add_argument("--seed", type=int, help="overrides `seed`")
+    e.add_argument("--deterministic", action="store_true", default=None,
+                   help="same seed -> identical evaluation trajectories (docs/determinism.md)")
     e.set_defaults(func=_cmd_eval)
 
 
@@ -49,7 +54,8 @@ def add_train_commands(sub: Any) -> None:
 
 def _train_overrides(a: argparse.Namespace) -> dict[str, Any]:
     o: dict[str, Any] = {}
-    for key, value in (("steps", a.steps), ("output_dir", a.output_dir), ("seed", a.seed)):
+    for key, value in (("steps", a.steps), ("output_dir", a.output_dir), ("seed", a.seed),
+                       ("deterministic", a.deterministic)):
         if value is not None:
             o[key] = str(value) if isinstance(value, Path) else value
     return o
@@ -93,7 +99,7 @@ def _meta(cfg: Any, model_path: Path, engine: Any) -> dict[str, Any]:
     import agentrl
 
     return {"model": str(model_path), "engine": engine.info(), "agentrl_version": agentrl.__version__,
-            "config_hash": hashlib.sha256(cfg.model_dump_json().encode()).hexdigest()[:16]}
+            "config_hash": hashlib.sha256(cfg.model_dump_json(exclude={"output_dir"}).encode()).hexdigest()[:16]}
 
 
 def _pool_for(cfg: Any) -> Any:
@@ -148,6 +154,9 @@ def _eval_config(a: argparse.Namespace) -> Any:
         overrides.setdefault("eval", {})["samples"] = a.samples
     if a.no_greedy:
         overrides.setdefault("eval", {})["greedy"] = False
+    for key in ("seed", "deterministic"):
+        if getattr(a, key) is not None:
+            overrides[key] = getattr(a, key)
     if a.config is not None:
         return load_config(TrainConfig, a.config, overrides)
     saved = run_config(Path(a.checkpoint)) or {}

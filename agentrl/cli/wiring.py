@@ -79,7 +79,8 @@ def make_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path]:
     path = resolve_model(cfg.engine.model)
     tokenizer = AutoTokenizer.from_pretrained(path)  # always from the checkpoint being run
     dtype = torch.float32 if cfg.engine.dtype == "float32" else torch.bfloat16
-    engine = LocalEngine(path, max_batch_size=cfg.engine.max_batch_size, dtype=dtype, seed=cfg.seed)
+    engine = LocalEngine(path, max_batch_size=cfg.engine.max_batch_size, dtype=dtype, seed=cfg.seed,
+                         deterministic=cfg.deterministic)
     return engine, tokenizer, path
 
 
@@ -107,7 +108,8 @@ def make_sglang_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path
         urls=e.urls, router_url=e.router_url, eos_token_ids=eos, context_window=e.context_window or window,
         model_path=str(path), max_connections=e.max_connections, request_timeout_s=e.request_timeout_s,
         connect_timeout_s=e.connect_timeout_s, control_timeout_s=e.control_timeout_s, retries=e.retries,
-        retry_backoff_s=e.retry_backoff_s, weight_update=e.weight_update, max_sessions=e.max_sessions)
+        retry_backoff_s=e.retry_backoff_s, weight_update=e.weight_update, max_sessions=e.max_sessions,
+        deterministic=cfg.deterministic)
     return engine, tokenizer, path
 
 
@@ -161,7 +163,8 @@ def make_scorer(specs: list[RewardSpec], env: Env, tasks: list[Task] | None = No
 
 
 def _config_hash(cfg: RolloutConfig) -> str:
-    return hashlib.sha256(cfg.model_dump_json().encode()).hexdigest()[:16]
+    """What was run, not where it was written: two runs of one config into two files hash the same."""
+    return hashlib.sha256(cfg.model_dump_json(exclude={"out", "resume", "summary_json"}).encode()).hexdigest()[:16]
 
 
 async def run_rollout(cfg: RolloutConfig) -> int:
@@ -207,7 +210,8 @@ async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: An
     rollout = Rollout(env=env, engine=engine, renderer=_renderer(env, tokenizer), sampling=sampling, budgets=budgets)
     spec = cfg.sandbox.spec.model_copy(update={"default_timeout_s": cfg.budgets.tool_timeout_s})
     meta = {"model": str(model_path), "engine": engine.info(), "sampling": sampling.model_dump(),
-            "config_hash": _config_hash(cfg), "seed": cfg.seed, "agentrl_version": agentrl.__version__,
+            "config_hash": _config_hash(cfg), "seed": cfg.seed, "deterministic": cfg.deterministic,
+            "agentrl_version": agentrl.__version__,
             "env_options": dict(cfg.env_options), "sandbox_spec": spec.model_dump()}
     backend = cfg.sandbox.backend.type
     pool = pool_from_config(cfg, spec, uuid.uuid4().hex[:12])

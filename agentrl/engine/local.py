@@ -25,6 +25,14 @@ Prefix cache. A finished row's keys/values are kept per session (`batch_cache.Pr
 so a trajectory's next turn (previous input + reply + tool tokens) prefills only its new tokens; `cached_tokens` in
 the Generation says how many were reused. Cleared on every weight update.
 
+Deterministic mode (`deterministic=True`, batch invariance). Continuous batching makes a row's numbers depend on
+its batch: the matmul blocking follows B, and the left padding (set by the longest row) shifts the reduction order
+of attention. So each row runs as its own batch of one (`_solo`: one RunningBatch per row, prefilled and decoded
+alone, chunked at `prefill_chunk_tokens`), its sampler is seeded by the request's `SamplingParams.seed` alone, and
+the prefix cache is off (whether a turn hits it depends on eviction, i.e. timing, and a reused prefix computed by
+decode steps differs in the last bits from a fresh prefill). A row's ids and logprobs are then a function of its
+input ids, its seed, the weights and torch's thread count only. The cost is throughput (BENCHMARKS.md).
+
 Weight updates drain: `update_weights` stops admission, lets running rows finish with the old weights, applies the
 new weights between steps and resumes. Every Generation is produced by exactly one weight version and tagged with it.
 """
@@ -107,7 +115,8 @@ class LocalEngine:
     max_position_embeddings, capped at 8192). `batch_wait_ms`: how long an idle engine waits after a first arrival
     for more to share its prefill. `seed`: with it (or `SamplingParams.seed`) sampling is reproducible per
     (session_id, call index). `num_threads`: sets torch's process-wide intra-op threads (default: torch's choice).
-    `prefix_cache_mb`: memory for per-session KV reuse across turns (0 turns it off).
+    `prefix_cache_mb`: memory for per-session KV reuse across turns (0 turns it off). `deterministic`: the
+    batch-invariant path of the module docstring (every row alone, request-seeded, no prefix cache).
     `engine.model` is the live module (colocated trainers may share it; see `update_weights`).
     """
 
@@ -127,6 +136,7 @@ class LocalEngine:
         max_pending: int = 4096,
         num_threads: int | None = None,
         prefix_cache_mb: int = 1024,
+        deterministic: bool = False,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -147,6 +157,7 @@ class LocalEngine:
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.max_pending = max_pending
         self.seed = seed
+        self.deterministic = deterministic
         self._version = 0
         self._stats = EngineStats()
         self._calls: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -155,7 +166,8 @@ class LocalEngine:
         self._updates: collections.deque[_Update] = collections.deque()
         self._closed = False
         self._batch = RunningBatch()
-        self._prefix = PrefixCache(prefix_cache_mb * 2**20)
+        self._solo: list[RunningBatch] = []  # deterministic mode: one single-row batch per row
+        self._prefix = PrefixCache(0 if deterministic else prefix_cache_mb * 2**20)
         self._thread = threading.Thread(target=self._run, name="agentrl-local-engine", daemon=True)
         self._thread.start()
 
@@ -234,6 +246,8 @@ class LocalEngine:
             "torch": torch.__version__,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "deterministic": self.deterministic,
+            "threads": torch.get_num_threads(),
         }
 
     # ------------------------------------------------------------------------------------------ caller's side
@@ -246,7 +260,10 @@ class LocalEngine:
         return ids
 
     def _generator(self, sampling: SamplingParams, session_id: str) -> torch.Generator:
-        """A row's RNG, seeded from (engine seed, sampling.seed, session id, that session's call index)."""
+        """A row's RNG, seeded from (engine seed, sampling.seed, session id, that session's call index); in
+        deterministic mode from the request's `sampling.seed` alone (the runner derives one per turn)."""
+        if self.deterministic and sampling.seed is not None:
+            return torch.Generator(device="cpu").manual_seed(sampling.seed)
         with self._cond:
             index = self._calls.pop(session_id, -1) + 1
             self._calls[session_id] = index
@@ -315,12 +332,14 @@ class LocalEngine:
             try:
                 if admitted:
                     self._prefill(admitted)
-                self._drop_cancelled()
+                self._batch = self._drop_cancelled(self._batch)
+                self._solo = [self._drop_cancelled(b) for b in self._solo]
                 if self._batch.rows:
-                    self._decode()
+                    self._batch = self._decode(self._batch)
+                self._solo = [b for b in (self._decode(b) for b in self._solo if b.rows) if b.rows]
             except Exception as exc:  # noqa: BLE001 - a failed forward (OOM, bad input) fails its rows, never the loop
-                failed = admitted + self._batch.rows
-                self._batch = RunningBatch()
+                failed = list(dict.fromkeys(admitted + self._rows()))
+                self._batch, self._solo = RunningBatch(), []
                 for row in failed:
                     _deliver(row, exception=EngineError(f"local engine step failed: {exc!r}"))
         return True
@@ -328,20 +347,20 @@ class LocalEngine:
     def _wait_for_work(self) -> list[_Row] | None:
         """Block until there is something to do; apply a due weight update; return the rows to admit now."""
         with self._cond:
-            while not self._closed and not self._pending and not self._updates and not self._batch.rows:
+            while not self._closed and not self._pending and not self._updates and not self._rows():
                 self._cond.wait()
             if self._closed:
                 return None
-            if not self._batch.rows and self._pending and self.batch_wait_s > 0:
+            if not self._rows() and self._pending and self.batch_wait_s > 0:
                 self._gather_more()
         with self._cond:
-            if self._updates and self._batch.rows:
+            if self._updates and self._rows():
                 return []  # drain: no admission while an update waits
             updates = list(self._updates)
             self._updates.clear()
         self._apply_updates(updates)
         with self._cond:
-            free = self.max_batch_size - len(self._batch.rows)
+            free = self.max_batch_size - len(self._rows())
             rows: list[_Row] = []
             while self._pending and len(rows) < free:
                 row = self._pending.popleft()
@@ -373,16 +392,28 @@ class LocalEngine:
             except Exception as exc:  # noqa: BLE001 - reported to the caller of update_weights
                 _settle(update.loop, update.future, None, ConfigError(f"update_weights failed: {exc}"))
 
+    def _rows(self) -> list[_Row]:
+        """Every row being decoded (shared batch and, in deterministic mode, the single-row batches)."""
+        return self._batch.rows + [r for b in self._solo for r in b.rows]
+
     def _prefill(self, rows: list[_Row]) -> None:
-        """Admit `rows`: take their sessions' cached prefixes, then prefill cache hits and misses as two groups."""
+        """Admit `rows`: take their sessions' cached prefixes, then prefill cache hits and misses as two groups
+        (deterministic mode: every row alone, into its own batch)."""
+        if self.deterministic:
+            fresh = (self._prefill_group([row], [[]], [0], into=RunningBatch()) for row in rows)
+            self._solo += [b for b in fresh if b.rows]
+            return
         taken = [self._prefix.take(r.session_id, r.input_ids) for r in rows]
         for hit in (False, True):
             group = [i for i, (_, n) in enumerate(taken) if bool(n) == hit]
             if group:
-                self._prefill_group([rows[i] for i in group], [taken[i][0] for i in group], [taken[i][1] for i in group])
+                self._batch = self._prefill_group([rows[i] for i in group], [taken[i][0] for i in group],
+                                                  [taken[i][1] for i in group], into=self._batch)
 
-    def _prefill_group(self, rows: list[_Row], prefixes: list[Any], cached: list[int]) -> None:
-        """Compute the uncached input tokens of `rows` (right-aligned, in column chunks), sample, merge them in.
+    def _prefill_group(self, rows: list[_Row], prefixes: list[Any], cached: list[int],
+                       into: RunningBatch) -> RunningBatch:
+        """Compute the uncached input tokens of `rows` (right-aligned, in column chunks), sample, merge them into
+        `into`; returns the merged batch without the rows that already finished.
 
         Columns: [0, past) hold reused keys/values, [past, past + suffix) are computed here. Row i's tokens are the
         last len(input_ids) columns; it reuses reuse[i] <= cached[i] stored tokens (fewer when another row of the
@@ -413,11 +444,10 @@ class LocalEngine:
             self._stats.prefill_tokens += sum(lengths) - sum(reuse)
             self._stats.cached_tokens += sum(reuse)
         fresh = RunningBatch(rows=list(rows), cache=cache, mask=mask, next_pos=torch.tensor(lengths, device=self.device))
-        self._batch = self._batch.merge(fresh)
-        self._sample_and_finish(out.logits[:, -1], first=len(self._batch.rows) - len(rows))
+        merged = into.merge(fresh)
+        return self._sample_and_finish(merged, out.logits[:, -1], first=len(merged.rows) - len(rows))
 
-    def _decode(self) -> None:
-        batch = self._batch
+    def _decode(self, batch: RunningBatch) -> RunningBatch:
         last = torch.tensor([r.output_ids[-1] for r in batch.rows], device=self.device)
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
         out = self.model(
@@ -426,11 +456,12 @@ class LocalEngine:
         )
         batch.next_pos = batch.next_pos + 1
         self._count(prefill=False, rows=len(batch.rows))
-        self._sample_and_finish(out.logits[:, -1], first=0)
+        return self._sample_and_finish(batch, out.logits[:, -1], first=0)
 
-    def _sample_and_finish(self, logits: torch.Tensor, first: int) -> None:
-        """Sample one token for rows[first:] (whose logits are `logits`), deliver finished rows, shrink the batch."""
-        rows = self._batch.rows[first:]
+    def _sample_and_finish(self, batch: RunningBatch, logits: torch.Tensor, first: int) -> RunningBatch:
+        """Sample one token for rows[first:] (whose logits are `logits`), deliver finished rows; returns the batch
+        without them."""
+        rows = batch.rows[first:]
         tokens, logprobs = sample(logits, [r.sampling for r in rows], [r.generator for r in rows])
         with self._cond:  # counted before any result is delivered, so a caller's snapshot includes its tokens
             self._stats.generated_tokens += len(rows)
@@ -439,25 +470,25 @@ class LocalEngine:
             row.output_ids.append(token)
             row.logprobs.append(logprob)
             if token in row.stop_ids or len(row.output_ids) >= row.max_new:
-                self._finish(row, "stop" if token in row.stop_ids else "length", first + offset)
+                self._finish(batch, row, "stop" if token in row.stop_ids else "length", first + offset)
             else:
                 keep.append(first + offset)
-        if len(keep) < len(self._batch.rows):
-            self._batch = self._batch.select(keep)
+        return batch.select(keep) if len(keep) < len(batch.rows) else batch
 
-    def _drop_cancelled(self) -> None:
-        keep = [i for i, r in enumerate(self._batch.rows) if not r.cancelled]
-        if len(keep) < len(self._batch.rows):
-            with self._cond:
-                self._stats.cancelled += len(self._batch.rows) - len(keep)
-            self._batch = self._batch.select(keep)
+    def _drop_cancelled(self, batch: RunningBatch) -> RunningBatch:
+        keep = [i for i, r in enumerate(batch.rows) if not r.cancelled]
+        if len(keep) == len(batch.rows):
+            return batch
+        with self._cond:
+            self._stats.cancelled += len(batch.rows) - len(keep)
+        return batch.select(keep)
 
-    def _finish(self, row: _Row, reason: str, index: int) -> None:
+    def _finish(self, batch: RunningBatch, row: _Row, reason: str, index: int) -> None:
         """Deliver row `index` of the batch and keep its keys/values for the session's next turn."""
         if self._prefix.max_bytes:
             length = len(row.input_ids) + len(row.output_ids) - 1  # the last sampled token was never fed
             tokens = (row.input_ids + row.output_ids)[:length]
-            self._prefix.put(row.session_id, tokens, self._batch.row_kv(index, length))
+            self._prefix.put(row.session_id, tokens, batch.row_kv(index, length))
         generation = Generation(
             output_ids=row.output_ids, logprobs=row.logprobs, finish_reason=reason, weight_version=row.version,
             cached_tokens=row.cached,
@@ -476,11 +507,11 @@ class LocalEngine:
     def _fail_all(self, exc: Exception) -> None:
         with self._cond:
             self._closed = True
-            rows = list(self._pending) + self._batch.rows
+            rows = list(self._pending) + self._rows()
             updates = list(self._updates)
             self._pending.clear()
             self._updates.clear()
-            self._batch = RunningBatch()
+            self._batch, self._solo = RunningBatch(), []
         for row in rows:
             _deliver(row, exception=exc)
         for update in updates:

@@ -26,6 +26,12 @@ Weight update (`update_weights(path, version)`), on every worker, while our new 
                                on failure) /continue_generation
     weight_update="abort_all": /update_weights_from_disk {"abort_all_requests": true}
 then `/model_info` on every worker must report the new `weight_version`.
+
+Seeds. A sampled request with `SamplingParams.seed` carries `sampling_params.sampling_seed`. With
+`deterministic=True` it is that seed exactly (the runner derives one per turn, runner/seeds.py); otherwise a per-turn
+seed mixed from (seed, session, context length). SGLang honours `sampling_seed` only when the server runs
+`--enable-deterministic-inference` (batch-invariant kernels); `connect()` reads `enable_deterministic_inference`
+from every worker's /server_info and warns when `deterministic=True` is asked of a server that does not run it.
 Client-side timeouts and cancellation close the connection; SGLang aborts a request whose client disconnected.
 """
 
@@ -85,6 +91,7 @@ class SGLangEngine:
         weight_update: Literal["pause", "abort_all"] = "pause",
         max_sessions: int = 100_000,
         initial_weight_version: int = 0,
+        deterministic: bool = False,
     ) -> None:
         self._static_workers = [_clean_url(u, "engine.urls") for u in urls]
         self.router_url = _clean_url(router_url, "engine.router_url") if router_url else None
@@ -101,6 +108,7 @@ class SGLangEngine:
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
         self.weight_update = weight_update
+        self.deterministic = deterministic
         self.stats = SGLangStats()
         self._context_window = context_window
         self._version = initial_weight_version
@@ -218,7 +226,8 @@ class SGLangEngine:
             "no_stop_trim": True, "skip_special_tokens": False,
         }
         if sampling.seed is not None and not sampling.greedy:  # honoured by --enable-deterministic-inference
-            params["sampling_seed"] = _turn_seed(sampling.seed, session_id, len(ids))
+            seed = sampling.seed if self.deterministic else _turn_seed(sampling.seed, session_id, len(ids))
+            params["sampling_seed"] = seed
         return {"input_ids": ids, "return_logprob": True, "logprob_start_len": -1, "sampling_params": params}
 
     async def _generate_once(self, url: str, body: dict[str, Any], session_id: str) -> Generation:
@@ -414,8 +423,13 @@ class SGLangEngine:
                         "stale weights; the next update_weights brings them in line", versions)
         self._version = max(parsed.values())
         first = next(iter(infos.values()))
+        plain = [u for u, i in infos.items() if i["server"].get("enable_deterministic_inference") is not True]
+        if self.deterministic and plain:
+            log.warning("deterministic: true, but SGLang worker(s) %s do not run deterministic inference: their "
+                        "outputs depend on batching and sampling_seed is ignored; restart them with "
+                        "--enable-deterministic-inference (docs/determinism.md)", ", ".join(plain))
         self._server = {"served_model": first["model"].get("model_path"),
-                        "server_version": first["server"].get("version")}
+                        "server_version": first["server"].get("version"), "deterministic_inference": not plain}
 
     def _parse_version(self, value: Any, url: str) -> int:
         if value is None or value == DEFAULT_VERSION_LABEL:

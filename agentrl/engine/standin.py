@@ -317,6 +317,7 @@ class StandIn:
             "max_req_input_len": self.context_window - 6, "max_total_num_tokens": self.context_window,
             "weight_version": self._label, "version": SGLANG_VERSION, "frontend": "agentrl-standin",
             "worker_id": self.worker_id, "contract": self.validator.source, "startup_time": self._started,
+            "enable_deterministic_inference": bool(getattr(self.engine, "deterministic", False)),
             "internal_states": [{}],
         })
 
@@ -368,7 +369,7 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
 
 async def serve(model: str | None, *, host: str = "127.0.0.1", port: int = 30000, worker_id: str | None = None,
                 max_batch_size: int = 16, context_window: int | None = None, seed: int | None = None,
-                weight_version: str = "default", echo: bool = False) -> None:
+                weight_version: str = "default", echo: bool = False, deterministic: bool = False) -> None:
     """`agentrl engine serve`: load the model, serve until cancelled (Ctrl-C / SIGTERM), then close the engine."""
     from agentrl.engine.models import resolve_model
     from agentrl.engine.sglang_contract import generate_validator
@@ -383,7 +384,7 @@ async def serve(model: str | None, *, host: str = "127.0.0.1", port: int = 30000
         from agentrl.engine.local import LocalEngine
 
         engine = await asyncio.to_thread(LocalEngine, path, max_batch_size=max_batch_size,
-                                         context_window=context_window, seed=seed)
+                                         context_window=context_window, seed=seed, deterministic=deterministic)
     tokenizer = None if echo else await asyncio.to_thread(_load_tokenizer, path)
     standin = StandIn(engine, model_path=path, validator=validator, worker_id=worker_id or f"{host}:{port}",
                       weight_version=weight_version, tokenizer=tokenizer, echo=echo, context_window=context_window)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from agentrl.engine.base import GenerationEngine
 from agentrl.envs.base import Env, Task
 from agentrl.errors import EngineError, InfraError
+from agentrl.runner.seeds import turn_seed
 from agentrl.sandbox.client import Sandbox
 from agentrl.tools.parsers import parse_tool_calls
 from agentrl.tools.render import ChatRenderer, DriftCheck
@@ -50,6 +51,7 @@ class TrajectoryState:
     gen_s: float = 0.0
     tools_s: float = 0.0
     drift: DriftCheck | None = None  # incremental per-turn drift check, created on the first observation
+    seed: int | None = None  # deterministic runs: the root of this trajectory's per-turn sampling seeds
 
     @property
     def context_len(self) -> int:
@@ -76,9 +78,9 @@ class Rollout:
     sampling: SamplingParams
     budgets: Budgets
 
-    def start(self, task: Task) -> TrajectoryState:
+    def start(self, task: Task, seed: int | None = None) -> TrajectoryState:
         messages = self.env.messages(task)
-        return TrajectoryState(prompt_ids=self.renderer.prompt_ids(messages), messages=messages)
+        return TrajectoryState(prompt_ids=self.renderer.prompt_ids(messages), messages=messages, seed=seed)
 
     async def run(self, state: TrajectoryState, task: Task, sandbox: Sandbox, session_id: str) -> None:
         """Run turns until the episode ends; records everything into `state`. Raises only InfraError."""
@@ -133,7 +135,10 @@ class Rollout:
         return min(self.sampling.max_new_tokens, left_total), Status.truncated
 
     async def _generate(self, state: TrajectoryState, max_new: int, session_id: str) -> tuple[Generation, float]:
-        sampling = self.sampling.model_copy(update={"max_new_tokens": max_new})
+        update: dict[str, int] = {"max_new_tokens": max_new}
+        if state.seed is not None and not self.sampling.greedy:
+            update["seed"] = turn_seed(state.seed, len(state.turns))
+        sampling = self.sampling.model_copy(update=update)
         t0 = time.perf_counter()
         gen = await self.engine.generate(state.prompt_ids + state.completion_ids, sampling, session_id=session_id)
         if gen.finish_reason == "abort":

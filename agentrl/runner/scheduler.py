@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import time
 import traceback
-import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -29,6 +29,7 @@ from agentrl.reward import Scorer
 from agentrl.runner.attribution import DeathFacts, Stage, Verdict, classify
 from agentrl.runner.guard import UnscoredGuard
 from agentrl.runner.rollout import Rollout, TrajectoryState
+from agentrl.runner.seeds import IdPlan
 from agentrl.types import Status, TestReport, Timing, Trajectory
 
 T = TypeVar("T")
@@ -51,6 +52,8 @@ class SchedulerConfig:
     teardown_timeout_s: float = 60.0  # returning the lease; never changes the trajectory's verdict
     max_unscored_frac: float = 0.10  # over this fraction of infra_error trajectories the run stops
     unscored_min_trajectories: int = 20  # ... once at least this many trajectories are in
+    seed: int | None = None  # deterministic: ids and per-turn sampling seeds derived from it (runner/seeds.py)
+    namespace: str = ""  # separates deterministic runs that share a seed (e.g. evaluation modes)
 
     @classmethod
     def from_config(cls, cfg: Any, *, group_size: int | None = None) -> SchedulerConfig:
@@ -60,7 +63,8 @@ class SchedulerConfig:
                    trajectory_timeout_s=b.trajectory_timeout_s, infra_retries=cfg.infra_retries,
                    lease_timeout_s=b.lease_timeout_s, setup_timeout_s=b.setup_timeout_s,
                    finalize_timeout_s=b.finalize_timeout_s, max_unscored_frac=cfg.max_unscored_frac,
-                   unscored_min_trajectories=cfg.unscored_min_trajectories)
+                   unscored_min_trajectories=cfg.unscored_min_trajectories,
+                   seed=cfg.seed if getattr(cfg, "deterministic", False) else None)
 
 
 def check_time_needs(env: Any, *, tool_timeout_s: float, finalize_timeout_s: float) -> None:
@@ -118,15 +122,19 @@ class Scheduler:
         self.guard = UnscoredGuard(config.max_unscored_frac, config.unscored_min_trajectories)
         self._on_trajectory = on_trajectory
         self._slots = asyncio.Semaphore(config.max_trajectories)
+        self.ids = IdPlan(config.seed, config.namespace)
+        self._replicas: Counter[tuple[str, int | None]] = Counter()  # submit(): groups per (task, step)
         self.running = 0  # trajectories holding a slot now (submit() API; run() keeps its own accounting)
         self._idle_since: float | None = time.perf_counter()
         self.idle_s = 0.0  # total time with no trajectory holding a slot (submit() API), see idle_seconds()
 
     def sibling(self, rollout: Rollout, *, group_size: int, meta: dict[str, Any] | None = None,
-                scorer: Scorer | None = None) -> Scheduler:
+                scorer: Scorer | None = None, namespace: str | None = None) -> Scheduler:
         """A scheduler for another sampling / group size (e.g. evaluation) that shares this one's pool and its
         `max_trajectories` slots, so everything one job runs stays under one bound."""
-        other = Scheduler(rollout, self.pool, dataclasses.replace(self.config, group_size=group_size),
+        config = dataclasses.replace(self.config, group_size=group_size,
+                                     namespace=self.config.namespace if namespace is None else namespace)
+        other = Scheduler(rollout, self.pool, config,
                           meta=self.meta if meta is None else meta, scorer=scorer or self.scorer)
         other._slots = self._slots
         return other
@@ -139,7 +147,10 @@ class Scheduler:
         The returned task resolves to the group ordered by sample index. Cancelling it cancels its trajectories
         (their sandbox leases are returned by the pool); a cancelled group is never a record, so it can never be
         mistaken for an infra error. Raises UnscoredLimitError (from the guard) like `run()`."""
-        gid = group_id or uuid.uuid4().hex[:12]
+        if group_id is None:
+            replica = self._replicas[(task.id, step)]
+            self._replicas[(task.id, step)] += 1
+        gid = group_id or self.ids.group_id(task.id, step, replica=replica)
         self.progress.trajectories_total += self.config.group_size
         return asyncio.create_task(self._group(task, gid, step), name=f"agentrl-group-{gid}")
 
@@ -175,7 +186,6 @@ class Scheduler:
         self.running += delta
         if self.running == 0:
             self._idle_since = now
-
     async def run(self, tasks: Iterable[Task], *, step: int | None = None) -> AsyncIterator[list[Trajectory]]:
         """Run G samples of every task; yield each group (ordered by sample index) as soon as it is complete.
 
@@ -184,8 +194,10 @@ class Scheduler:
         done: asyncio.Queue[tuple[str, Trajectory | BaseException]] = asyncio.Queue()
         groups: dict[str, list[Trajectory]] = {}
         workers: list[asyncio.Task[None]] = []
+        seen: dict[str, int] = {}
         for task in tasks:
-            group_id = uuid.uuid4().hex[:12]
+            seen[task.id] = seen.get(task.id, -1) + 1
+            group_id = self.ids.group_id(task.id, step, replica=seen[task.id])
             groups[group_id] = []
             for k in range(self.config.group_size):
                 workers.append(asyncio.create_task(self._one(task, group_id, k, step, done)))
@@ -229,10 +241,10 @@ class Scheduler:
             attempt += 1
 
     async def _attempt(self, task: Task, group_id: str, k: int, attempt: int, step: int | None) -> Trajectory:
-        run = _Attempt(task=task, traj_id=uuid.uuid4().hex)
+        run = _Attempt(task=task, traj_id=self.ids.trajectory_id(group_id, k, attempt))
         t0 = time.perf_counter()
         try:
-            run.state = self.rollout.start(task)
+            run.state = self.rollout.start(task, seed=self.ids.trajectory_seed(group_id, k))
             await self._leased(run)
         except asyncio.CancelledError:
             raise

@@ -141,6 +141,7 @@ class TrainConfig(_Config):
     snapshot: SnapshotOptions = Field(default_factory=SnapshotOptions)
     reward: RewardList = Field(default_factory=default_reward)  # weighted reward sources (agentrl.reward)
     seed: int = 0
+    deterministic: bool = False  # identical trajectories, metrics and checkpoints per seed (docs/determinism.md)
     device: Literal["cpu", "auto"] = "cpu"  # auto: accelerate picks (GPU if present)
     bf16: bool = False
 
@@ -201,6 +202,7 @@ class TrainConfig(_Config):
         return RolloutConfig(
             env=self.env, env_options=self.env_options, tasks=self.tasks, task_ids=self.task_ids,
             group_size=self.group_size, out=self.trajectories_path, resume=True, seed=self.seed,
+            deterministic=self.deterministic,
             max_trajectories=self.max_trajectories, infra_retries=self.infra_retries, sampling=self.sampling,
             max_unscored_frac=self.max_unscored_frac, unscored_min_trajectories=self.unscored_min_trajectories,
             budgets=self.budgets, engine=self.engine.model_copy(update={"model": self.model}), sandbox=self.sandbox,

@@ -50,12 +50,14 @@ def task_scores(trajectories: list[Trajectory]) -> dict[str, dict[str, Any]]:
 async def run_mode(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: int, sched: SchedulerConfig,
                    meta: dict[str, Any], store: TrajectoryStore | None = None, scorer: Scorer | None = None,
                    step: int | None = None, parent: Scheduler | None = None) -> list[Trajectory]:
-    """`parent`: the training job's scheduler, whose `max_trajectories` slots evaluation shares."""
+    """`parent`: the training job's scheduler, whose `max_trajectories` slots evaluation shares. Deterministic
+    runs: ids and seeds per mode, the same for every policy evaluated (paired comparisons)."""
+    namespace = f"{sched.namespace}|eval|{meta.get('eval_mode', '')}"
     if parent is not None:
-        scheduler = parent.sibling(rollout, group_size=samples, meta=meta, scorer=scorer)
+        scheduler = parent.sibling(rollout, group_size=samples, meta=meta, scorer=scorer, namespace=namespace)
     else:
-        scheduler = Scheduler(rollout, pool, dataclasses.replace(sched, group_size=samples), meta=meta,
-                              scorer=scorer)
+        scheduler = Scheduler(rollout, pool, dataclasses.replace(sched, group_size=samples, namespace=namespace),
+                              meta=meta, scorer=scorer)
     out: list[Trajectory] = []
     async for group in scheduler.run(tasks, step=step):
         if store is not None:

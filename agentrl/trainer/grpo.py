@@ -89,6 +89,7 @@ def grpo_config(cfg: TrainConfig, sampling: SamplingParams) -> GRPOConfig:
         shuffle_dataset=True,
         seed=cfg.seed,
         data_seed=cfg.seed,
+        full_determinism=cfg.deterministic,  # torch.use_deterministic_algorithms + seeds, at trainer start
         dataloader_num_workers=0,
         **extra,
     )

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from agentrl.envs.base import Env, Task
 from agentrl.errors import ConfigError
 from agentrl.reward import Scorer
@@ -166,7 +168,8 @@ class Job:
                 scorer = self.parts.scorer
                 stack.callback(lambda: loop.run(scorer.aclose()))
             store = stack.enter_context(TrajectoryStore(cfg.trajectories_path, resume=True))
-            callback = self._build(loop, store, state)
+            stack.callback(torch.use_deterministic_algorithms, torch.are_deterministic_algorithms_enabled())
+            callback = self._build(loop, store, state)  # deterministic: switches torch's deterministic mode on
             assert self.rollout_fn is not None
             stack.callback(self.rollout_fn.close)  # before the pool closes: groups running ahead are cancelled
             self.trainer.train(resume_from_checkpoint=str(state.checkpoint) if state.checkpoint else None)
@@ -201,6 +204,10 @@ class Job:
                                 run_eval=lambda step: self._evaluate(loop, rollout_fn, step),
                                 snapshot_every=cfg.snapshot.every if parts.snapshot_tasks else 0,
                                 run_snapshot=lambda step: self._snapshot(loop, rollout_fn, step))
+        if cfg.deterministic:  # before the policy is built: a LoRA adapter's initialisation draws from torch's RNG
+            from transformers import enable_full_determinism
+
+            enable_full_determinism(cfg.seed)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*rollout_func.*experimental")
             self.trainer = AgentGRPOTrainer(

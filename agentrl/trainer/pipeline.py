@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -189,7 +188,7 @@ class RolloutPipeline:
 
     # -- internals -------------------------------------------------------------------------------------------
     def _dispatch(self, task: Task, version: int, slot: int) -> _Group:
-        group_id = f"v{version}-{uuid.uuid4().hex[:10]}"
+        group_id = f"v{version}-{self.scheduler.ids.group_id(task.id, version, replica=slot)}"
         handle = self.scheduler.submit(task, group_id=group_id, step=version)
         group = _Group(slot=slot, task=task, group_id=group_id, version=version, handle=handle)
         return group

@@ -183,6 +183,8 @@ def test_format_exec_shows_exit_code_timeout_and_streams() -> None:
     assert ok.splitlines()[0] == "exit code 1" and "ZeroDivisionError" in ok and "stdout" not in ok
     slow = format_exec(ExecResult(exit_code=None, stdout="partial", stderr="", timed_out=True, duration_s=10.0), 2048)
     assert "timed out after 10.0s" in slow and "partial" in slow
+    late = ExecResult(exit_code=None, stdout="", stderr="", timed_out=True, duration_s=10.37)
+    assert format_exec(late, 2048, timeout_s=10).startswith("timed out after 10.0s")  # the limit, not the load
     assert "(no output)" in format_exec(ExecResult(exit_code=0, stdout="", stderr=""), 2048)
 
 

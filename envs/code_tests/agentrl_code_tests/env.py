@@ -72,12 +72,14 @@ class CodeTestsEnv(Env):
 
     async def _run_python(self, sandbox: Sandbox, call: ToolCall, task: Task, code: str) -> ToolResult:
         await sandbox.write_file(MAIN_FILE, code)
-        res = await sandbox.exec(["python3", MAIN_FILE], timeout=self.config.run_timeout_s)
+        # a fixed hash seed: printed sets and dict-of-str orders are the same in every run (reproducible runs)
+        res = await sandbox.exec(["python3", MAIN_FILE], timeout=self.config.run_timeout_s,
+                                 env={"PYTHONHASHSEED": "0"})
         current = await sandbox.read_file(SOLUTION_FILE)
         merged = merge_solution(current, code)
         if merged is not None:
             await sandbox.write_file(SOLUTION_FILE, merged)
-        output = format_exec(res, self.config.output_chars)
+        output = format_exec(res, self.config.output_chars, timeout_s=self.config.run_timeout_s)
         if self.action_format == "codeblock":
             output += "\n\n" + await self._visible(sandbox, task, current if merged is None else merged)
         limit = self.config.output_chars

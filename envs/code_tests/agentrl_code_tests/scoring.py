@@ -84,8 +84,11 @@ def cap(text: str, limit: int) -> str:
     return f"{text[:head]}\n... [{len(text) - limit} characters cut] ...\n{text[-tail:]}"
 
 
-def format_exec(result: ExecResult, limit: int) -> str:
-    status = (f"timed out after {result.duration_s:.1f}s and was killed" if result.timed_out
+def format_exec(result: ExecResult, limit: int, timeout_s: float | None = None) -> str:
+    """What the model sees of a run. A timeout names the limit (`timeout_s`) rather than the measured duration,
+    so the observation does not depend on the machine's load (reproducible runs)."""
+    took = result.duration_s if timeout_s is None else timeout_s
+    status = (f"timed out after {took:.1f}s and was killed" if result.timed_out
               else f"exit code {result.exit_code}")
     parts = [status]
     for name, stream in (("stdout", result.stdout), ("stderr", result.stderr)):
