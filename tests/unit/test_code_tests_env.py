@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 from agentrl_code_tests import CodeTestsEnv
 from agentrl_code_tests.extract import defines, merge_solution
-from agentrl_code_tests.scoring import RESULT_MARK, cap, format_exec, harness_source, harness_spec, parse_harness_output
+from agentrl_code_tests.scoring import (
+    RESULT_MARK,
+    cap,
+    format_exec,
+    harness_source,
+    harness_spec,
+    new_nonce,
+    parse_harness_output,
+)
 from agentrl_code_tests.tasks import load_tasks, split_check, strip_function
 
 from agentrl.envs import get_env
@@ -187,14 +195,36 @@ def test_format_exec_shows_exit_code_timeout_and_streams() -> None:
 
 
 def test_harness_output_that_is_missing_or_mismatched_is_an_error_report() -> None:
-    names = ["t0", "t1"]
-    bad = parse_harness_output(ExecResult(exit_code=137, stdout="", stderr="Killed"), names)
+    names, nonce = ["t0", "t1"], "n0nce"
+    bad = parse_harness_output(ExecResult(exit_code=137, stdout="", stderr="Killed"), names, nonce)
     assert bad.passed == 0 and bad.total == 2 and bad.error and "exit code 137" in bad.error
-    wrong = RESULT_MARK + json.dumps({"results": [["t0", True, ""]]})
-    assert parse_harness_output(ExecResult(exit_code=0, stdout=wrong, stderr=""), names).error
-    good = RESULT_MARK + json.dumps({"results": [["t0", True, ""], ["t1", False, "boom"]]})
-    rep = parse_harness_output(ExecResult(exit_code=0, stdout="noise\n" + good, stderr=""), names)
+    wrong = f"{RESULT_MARK}{nonce} " + json.dumps({"results": [["t0", True, ""]]})
+    assert parse_harness_output(ExecResult(exit_code=0, stdout=wrong, stderr=""), names, nonce).error
+    good = f"{RESULT_MARK}{nonce} " + json.dumps({"results": [["t0", True, ""], ["t1", False, "boom"]]})
+    rep = parse_harness_output(ExecResult(exit_code=0, stdout="noise\n" + good + "\n", stderr=""), names, nonce)
     assert (rep.passed, rep.total, rep.error, rep.outcomes[1].message) == (1, 2, None, "boom")
+
+
+def test_a_result_line_is_believed_only_with_the_nonce_exit_0_and_last() -> None:
+    names, nonce = ["t0"], "n0nce"
+    line = f"{RESULT_MARK}{nonce} " + json.dumps({"results": [["t0", True, ""]]})
+    forged = RESULT_MARK + json.dumps({"results": [["t0", True, ""]]})  # the pre-nonce format
+    other = f"{RESULT_MARK}guess " + json.dumps({"results": [["t0", True, ""]]})
+    cases = {
+        "no nonce": ExecResult(exit_code=0, stdout=forged, stderr=""),
+        "wrong nonce": ExecResult(exit_code=0, stdout=other, stderr=""),
+        "not last": ExecResult(exit_code=0, stdout=line + "\nmore", stderr=""),
+        "exit 1": ExecResult(exit_code=1, stdout=line, stderr=""),
+        "timed out": ExecResult(exit_code=None, stdout=line, stderr="", timed_out=True),
+        "passed not a bool": ExecResult(exit_code=0, stdout=line.replace("true", "1"), stderr=""),
+    }
+    for why, result in cases.items():
+        report = parse_harness_output(result, names, nonce)
+        assert (report.passed, report.error is not None) == (0, True), why
+    assert parse_harness_output(ExecResult(exit_code=0, stdout=line, stderr=""), names, "").error  # no nonce
+    ok = parse_harness_output(ExecResult(exit_code=0, stdout=line + "\n", stderr=""), names, nonce)
+    assert (ok.passed, ok.error) == (1, None)
+    assert new_nonce() != new_nonce() and len(new_nonce()) == 32
 
 
 # -- the harness, run as a plain subprocess ----------------------------------------------------------------------
@@ -204,11 +234,12 @@ TESTS = [("t0", "assert f(1) == 2"), ("t1", "assert f(2) == 3"), ("t2", "assert 
 
 
 def run_harness_subprocess(solution: str, tests=TESTS, *, data=DATA, timeout=2.0, budget=30.0, cwd: Path) -> list:
-    spec = harness_spec(data, solution, tests, timeout_s=timeout, budget_s=budget)
+    nonce = new_nonce()
+    spec = harness_spec(data, solution, tests, timeout_s=timeout, budget_s=budget, nonce=nonce)
     proc = subprocess.run([sys.executable, "-I", "-c", harness_source()], input=spec, capture_output=True,
                           text=True, cwd=cwd, timeout=120)
     report = parse_harness_output(ExecResult(exit_code=proc.returncode, stdout=proc.stdout, stderr=proc.stderr),
-                                  [n for n, _ in tests])
+                                  [n for n, _ in tests], nonce)
     assert report.error is None, report.error
     return [(o.passed, o.message) for o in report.outcomes]
 
@@ -230,7 +261,7 @@ def test_harness_isolates_hangs_crashes_and_exits(tmp_path: Path) -> None:
     )
     res = run_harness_subprocess(solution, timeout=1.0, cwd=tmp_path)
     assert res[0] == (False, "timed out after 1s")
-    assert res[1][0] is False and "exited with code 0 before reporting" in res[1][1]
+    assert res[1] == (False, "the solution process ended (exit, crash or out of memory) before returning a value")
     assert res[2] == (False, "SystemExit: 0")
 
 
