@@ -114,5 +114,6 @@ def test_agrees_with_humaneval_on_a_sample_of_problems() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_agrees_with_humaneval_on_every_problem() -> None:
     _check(None)
