@@ -268,11 +268,32 @@ def _become_solution_process(req_fd, resp_fd, sock):
     req, resp = os.dup(req_fd), os.dup(resp_fd)
     os.dup2(req, CHILD_REQ_FD)
     os.dup2(resp, CHILD_RESP_FD)
-    os.closerange(CHILD_RESP_FD + 1, _max_fd())
+    _close_fds_from(CHILD_RESP_FD + 1)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
+
+
+def _close_fds_from(low, keep=-1):
+    """Close every open fd >= `low` except `keep`: the ones /proc/self/fd lists (fast even under a 1M fd limit),
+    else the whole range up to the fd limit."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        names = None
+    if names is None:
+        os.closerange(low, keep if keep >= low else _max_fd())
+        if keep >= low:
+            os.closerange(keep + 1, _max_fd())
+        return
+    for name in names:
+        fd = int(name)
+        if fd >= low and fd != keep:
+            try:
+                os.close(fd)
+            except OSError:  # the fd listdir itself used, already closed
+                pass
 
 
 def _max_fd():
@@ -375,8 +396,7 @@ class Spawner:
             devnull = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
-            os.closerange(3, theirs.fileno())  # the judge's result fd among them
-            os.closerange(theirs.fileno() + 1, _max_fd())
+            _close_fds_from(3, keep=theirs.fileno())  # the judge's result fd among them
             _spawner_main(theirs)
         theirs.close()
         self.alive = True
