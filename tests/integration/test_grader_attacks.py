@@ -67,7 +67,8 @@ ATTACKS: dict[str, str] = {
         "    def __lt__(self, o): return True\n"
         "def {f}(*args, **kwargs):\n    return F(9.0)\n"),
     "forged_records_on_every_fd_then_exit_at_import": (
-        _FORGERY + "for _fd in range(1024):\n    try:\n        _o.write(_fd, _lines)\n    except OSError:\n        pass\n"
+        _FORGERY + "for _fd in range(1024):\n    try:\n        _o.write(_fd, _lines)\n"
+        "    except OSError:\n        pass\n"
         "_o._exit(0)\n"),
     "forged_records_on_every_fd_inside_the_call": (
         _FORGERY + "def {f}(*args, **kwargs):\n    for fd in range(1024):\n        try:\n"

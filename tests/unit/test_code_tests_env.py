@@ -330,7 +330,8 @@ def test_values_that_are_not_plain_data_fail_with_a_message_naming_the_type(tmp_
 
 
 def test_exceptions_of_the_solution_reach_the_test_as_builtin_exceptions(tmp_path: Path) -> None:
-    solution = "class Mine(Exception):\n    pass\ndef f(x):\n    if x:\n        raise ValueError('bad x')\n    raise Mine('m')\n"
+    solution = ("class Mine(Exception):\n    pass\n"
+                "def f(x):\n    if x:\n        raise ValueError('bad x')\n    raise Mine('m')\n")
     tests = [("t0", "try:\n    f(1)\nexcept ValueError as e:\n    assert str(e) == 'bad x'\nelse:\n    assert False"),
              ("t1", "assert f(1) == 2"), ("t2", "assert f(0) == 2")]
     assert run_harness_subprocess(solution, tests, cwd=tmp_path) == [
