@@ -125,7 +125,7 @@ class BudgetConfig(_Config):
     max_turns: int = Field(default=4, ge=1)
     max_completion_tokens: int = Field(default=2048, ge=16)
     context_window: int | None = Field(default=None, ge=64)  # None: the engine's
-    tool_timeout_s: float = Field(default=60.0, gt=0)  # one tool call (env.call_tool); the env's need is checked
+    tool_timeout_s: float = Field(default=120.0, gt=0)  # one tool call (env.call_tool); checked against the env
     trajectory_timeout_s: float = Field(default=3600.0, gt=0)  # wall clock, including waiting for the engine
     finalize_timeout_s: float = Field(default=300.0, gt=0)  # grading; expiry is the policy's (policy_error)
     lease_timeout_s: float = Field(default=900.0, gt=0)  # waiting for a sandbox; expiry is infra_error

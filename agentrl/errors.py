@@ -52,11 +52,13 @@ class SandboxStartError(SandboxError):
 class SandboxDiedError(SandboxError):
     """The agent stopped answering. `in_flight` is a fact for failure attribution: True when the connection broke
     (or the deadline passed) after a request had been sent, i.e. the agent died or hung DURING that request (e.g.
-    a command); False when it was unreachable before anything was sent (dead at connect time)."""
+    a command); False when it was unreachable before anything was sent (dead at connect time). `request` is the
+    request it died on ("POST /exec"): only a command runs the policy's code."""
 
-    def __init__(self, message: str, *, in_flight: bool = False) -> None:
+    def __init__(self, message: str, *, in_flight: bool = False, request: str = "") -> None:
         super().__init__(message)
         self.in_flight = in_flight
+        self.request = request
 
 
 class EngineError(InfraError):

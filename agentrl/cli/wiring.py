@@ -258,8 +258,13 @@ async def check_env(name: str, *, solutions: Path | None, backend: str, json_out
         solution = given.get(task.id) if given is not None else env.reference_solution(task)
         if solution is None:
             return task, TestReport(passed=0, total=0, error="no solution given")
-        async with sem, pool.lease() as sb:
-            return task, await env.score_solution(sb, task, solution)
+        async with sem:
+            try:
+                async with pool.lease() as sb:
+                    return task, await env.score_solution(sb, task, solution)
+            except Exception as exc:  # noqa: BLE001 - e.g. the solution killed its sandbox: score 0, check the rest
+                reason = f"the sandbox broke while scoring this solution: {type(exc).__name__}: {exc}"
+                return task, TestReport(passed=0, total=0, error=reason[:500])
 
     results: list[tuple[Task, TestReport]] = []
     async with pool:

@@ -60,7 +60,7 @@ class Verdict:
 class DeathFacts:
     """What the sandbox layer can prove about a sandbox that stopped answering."""
 
-    in_flight: bool  # the connection broke while a request (a command) was running
+    in_flight: bool  # the connection broke while a command (POST /exec: the policy's code) was running
     uid_separated: bool  # commands run under another uid than the agent: they cannot signal it
     cause: str | None  # the backend's proven cause ("deleted", "evicted", "oom", "signal:9", ...) or None
 

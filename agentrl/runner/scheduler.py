@@ -324,7 +324,9 @@ class Scheduler:
                 cause = await asyncio.wait_for(death_cause(sandbox), DEATH_CAUSE_TIMEOUT_S)
             except Exception as err:  # noqa: BLE001 - unknown cause: decided on the other facts
                 log.warning("sandbox %s: asking the backend why it died failed: %s", sandbox, err)
-        return DeathFacts(in_flight=bool(getattr(exc, "in_flight", False)),
+        # only a command runs the policy's code: a death during a file request or a health check is not its doing
+        in_command = bool(getattr(exc, "in_flight", False)) and str(getattr(exc, "request", "")).endswith("/exec")
+        return DeathFacts(in_flight=in_command,
                           uid_separated=bool(getattr(sandbox, "uid_separated", False)), cause=cause)
 
     async def _teardown(self, lease: Any, exc: BaseException | None) -> None:

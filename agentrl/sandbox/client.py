@@ -127,13 +127,14 @@ class AgentClient:
                 self._discard(conn)
                 raise SandboxDiedError(
                     f"agent at {self.endpoint.address} did not answer {method} {path} within {timeout:.1f}s",
-                    in_flight=conn is not None and conn.sent) from None
+                    in_flight=conn is not None and conn.sent, request=f"{method} {path}") from None
             except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
                 self._discard(conn)
                 sent = conn is not None and conn.sent
                 raise SandboxDiedError(
                     f"agent at {self.endpoint.address} is gone ({type(e).__name__}: {e}) "
-                    f"{'during' if sent else 'before'} {method} {path}", in_flight=sent) from e
+                    f"{'during' if sent else 'before'} {method} {path}", in_flight=sent,
+                    request=f"{method} {path}") from e
             except BaseException:  # cancelled mid-request: the connection's state is unknown
                 self._discard(conn)
                 raise

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from agentrl_code_tests import CodeTestsEnv
+from agentrl_code_tests.scoring import run_harness
 
 from agentrl.sandbox import SandboxPool, SandboxSpec
 from agentrl.types import TestReport as Report  # aliased: pytest would try to collect Test*
@@ -157,3 +158,72 @@ async def test_planted_files_do_not_change_the_verdict() -> None:
         await env.call_tool(sb, ToolCall(id="c0", name="run_python", arguments={"code": plant}), task=task)
         report = await env.finalize(sb, task)
     assert report.error is None and report.passed == 1 and report.total == 5  # only add(0, 0) == 0 passes
+
+
+SOLUTION_REPLACEMENTS = {
+    "directory": ("rm -f solution.py && mkdir solution.py", "could not be read"),
+    "fifo": ("rm -f solution.py && mkfifo solution.py", "could not be read"),
+    "symlink out of the workspace": ("ln -sf /etc/passwd solution.py", "could not be read"),
+    "symlink to a device": ("ln -sf /dev/zero solution.py", "could not be read"),
+    "symlink to a directory": ("mkdir -p d && ln -sfn d solution.py", "could not be read"),
+    "huge file": ("head -c 3000000 /dev/zero | tr '\\0' '#' > solution.py", "larger than"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SOLUTION_REPLACEMENTS))
+async def test_a_solution_file_that_is_not_a_plain_file_scores_zero_with_a_reason(kind: str) -> None:
+    env = CodeTestsEnv(source="easy")
+    task = next(t for t in env.tasks() if t.id == "easy/add")
+    command, reason = SOLUTION_REPLACEMENTS[kind]
+    async with _pool() as pool, pool.lease() as sb:
+        await env.setup(sb, task)
+        await env.call_tool(sb, ToolCall(id="c0", name="run_python", arguments={
+            "code": "def add(a, b):\n    return a + b\n"}), task=task)
+        assert (await sb.exec(command)).exit_code == 0
+        t0 = time.monotonic()
+        report = await env.finalize(sb, task)
+        assert time.monotonic() - t0 < 15  # never hangs on a FIFO
+    assert report.error is None and report.passed == 0 and report.total == 5
+    assert all(o.message.startswith("no solution: solution.py") and reason in o.message for o in report.outcomes)
+
+
+async def test_run_python_recovers_after_the_code_replaced_solution_py_with_a_directory() -> None:
+    env = CodeTestsEnv(source="easy")
+    task = next(t for t in env.tasks() if t.id == "easy/add")
+    async with _pool() as pool, pool.lease() as sb:
+        await env.setup(sb, task)
+        sabotage = "import os\nos.remove('solution.py')\nos.mkdir('solution.py')\n"
+        first = await env.call_tool(sb, ToolCall(id="c0", name="run_python", arguments={"code": sabotage}), task=task)
+        assert first.exit_code == 0
+        assert (await env.finalize(sb, task)).passed == 0
+        fixed = await env.call_tool(sb, ToolCall(id="c1", name="run_python", arguments={
+            "code": "def add(a, b):\n    return a + b\n"}), task=task)
+        assert "tests: 1/1 passed" in fixed.output
+        report = await env.finalize(sb, task)
+    assert report.error is None and report.passed == report.total == 5
+
+
+async def test_in_the_sandbox_the_solution_cannot_open_the_fds_or_memory_of_the_harness_processes() -> None:
+    """The judge and the spawner are non-dumpable: a same-uid process without CAP_SYS_PTRACE (every sandbox
+    process) can neither open /proc/<pid>/fd/N of them (a way to their pipes) nor read their memory or environ."""
+    env = CodeTestsEnv(source="easy")
+    task = next(t for t in env.tasks() if t.id == "easy/add")
+    tests = (("spawner", "assert add(1, 0) == []"), ("judge", "assert add(2, 0) == []"))
+    probe = (
+        "import os\n"
+        "def add(a, b):\n"
+        "    pid = os.getppid()\n"
+        "    if a == 2:\n"
+        "        pid = int(open('/proc/%d/stat' % pid).read().rsplit(')', 1)[1].split()[1])\n"
+        "    opened = []\n"
+        "    for name in ['fd/%d' % n for n in range(8)] + ['mem', 'environ']:\n"
+        "        for flags in (os.O_RDONLY, os.O_WRONLY):\n"
+        "            try:\n"
+        "                os.close(os.open('/proc/%d/%s' % (pid, name), flags))\n"
+        "                opened.append(name)\n"
+        "            except OSError:\n"
+        "                pass\n"
+        "    return opened\n")
+    async with _pool() as pool, pool.lease() as sb:
+        report = await run_harness(sb, task.data, probe, tests, timeout_s=5, budget_s=10)
+    assert report.error is None and [(o.passed, o.message) for o in report.outcomes] == [(True, "")] * 2

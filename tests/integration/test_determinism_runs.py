@@ -88,7 +88,7 @@ def _train(model: Path, out: Path) -> None:
     cfg = TrainConfig.model_validate({
         "model": str(model), "env": "print_number", "env_options": {"tasks": 4}, "group_size": 2, "batch_size": 2,
         "steps": 2, "learning_rate": 2e-3, "sampling": {"temperature": 1.0, "max_new_tokens": 24},
-        "budgets": {"max_turns": 2, "max_completion_tokens": 80, "tool_timeout_s": 10},
+        "budgets": {"max_turns": 2, "max_completion_tokens": 80, "tool_timeout_s": 120},
         "sandbox": {"warm": 2, "max_sandboxes": 4}, "max_trajectories": 4, "output_dir": str(out), "seed": 3,
         "deterministic": True})
     assert run_train(cfg).steps_done == 2

@@ -59,7 +59,7 @@ def run(smollm2_path: Path, reward_service: str, tmp_path_factory: pytest.TempPa
         "model": str(cached_taught_model(smollm2_path)), "env": "print_number", "env_options": {"tasks": 8},
         "group_size": 4, "batch_size": 2, "micro_batch_size": 4, "steps": 2, "learning_rate": 2e-3,
         "sampling": {"temperature": 1.0, "max_new_tokens": 24},
-        "budgets": {"max_turns": 2, "max_completion_tokens": 80, "tool_timeout_s": 10},
+        "budgets": {"max_turns": 2, "max_completion_tokens": 80, "tool_timeout_s": 120},
         "sandbox": {"warm": 2, "max_sandboxes": 8}, "max_trajectories": 8, "output_dir": str(out), "seed": 0,
         "reward": _reward(reward_service), "snapshot": {"every": 1, "tasks": 2, "samples": 1, "greedy": True}})
     assert run_train(cfg).steps_done == 2

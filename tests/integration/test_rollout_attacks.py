@@ -175,7 +175,6 @@ def _reply_for(names: list[str]) -> Any:
     return reply
 
 
-@pytest.mark.xfail(strict=False, reason="needs the hardened harness and sandbox layer (being merged)")
 async def test_every_attack_scores_zero_through_a_real_rollout(tmp_path: Path, smollm2_path: Path,
                                                                smollm2_tokenizer: Any) -> None:
     from agentrl.envs import get_env

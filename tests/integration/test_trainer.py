@@ -48,7 +48,7 @@ def job(model: Path, out: Path, **overrides: Any) -> TrainConfig:
     data: dict[str, Any] = {
         "model": str(model), "env": "print_number", "env_options": {"tasks": 8}, "group_size": 4, "batch_size": 2,
         "steps": 2, "learning_rate": 2e-3, "sampling": {"temperature": 1.0, "max_new_tokens": 24},
-        "budgets": {"max_turns": 2, "max_completion_tokens": 80, "tool_timeout_s": 10},
+        "budgets": {"max_turns": 2, "max_completion_tokens": 80, "tool_timeout_s": 120},
         "sandbox": {"warm": 2, "max_sandboxes": 8}, "max_trajectories": 8, "output_dir": str(out), "seed": 0,
         "pipeline": {"max_staleness": 0}}  # the synchronous run; pipelined runs set it
     data.update(overrides)

@@ -98,3 +98,30 @@ def test_guard_allows_the_limit_itself() -> None:
         guard.add(_traj(status, "engine"))
     guard.check()
     assert guard.summary() == {"infra_error_frac": 0.25, "unscored_causes": {"engine": 1}}
+
+
+class _NeedyEnv:
+    name = "needy"
+
+    def time_needs(self) -> dict[str, float]:
+        return {"tool_call": 80.0, "finalize": 50.0}
+
+
+def test_deadlines_shorter_than_the_env_needs_are_refused_at_start_up() -> None:
+    from agentrl.errors import ConfigError
+    from agentrl.runner import check_time_needs
+
+    check_time_needs(_NeedyEnv(), tool_timeout_s=80, finalize_timeout_s=50)
+    with pytest.raises(ConfigError, match=r"budgets.tool_timeout_s=10s .* at least 80"):
+        check_time_needs(_NeedyEnv(), tool_timeout_s=10, finalize_timeout_s=300)
+    with pytest.raises(ConfigError, match=r"budgets.finalize_timeout_s=30s .* at least 50"):
+        check_time_needs(_NeedyEnv(), tool_timeout_s=300, finalize_timeout_s=30)
+
+
+def test_code_tests_default_budgets_fit_its_needs() -> None:
+    from agentrl.config import BudgetConfig
+    from agentrl.envs import get_env
+    from agentrl.runner import check_time_needs
+
+    b = BudgetConfig()
+    check_time_needs(get_env("code_tests"), tool_timeout_s=b.tool_timeout_s, finalize_timeout_s=b.finalize_timeout_s)

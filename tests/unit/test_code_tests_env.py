@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 from agentrl_code_tests import CodeTestsEnv
 from agentrl_code_tests.extract import defines, merge_solution
-from agentrl_code_tests.scoring import RESULT_MARK, cap, format_exec, harness_source, harness_spec, parse_harness_output
+from agentrl_code_tests.scoring import (
+    RESULT_MARK,
+    cap,
+    format_exec,
+    harness_source,
+    harness_spec,
+    new_nonce,
+    parse_harness_output,
+)
 from agentrl_code_tests.tasks import load_tasks, split_check, strip_function
 
 from agentrl.envs import get_env
@@ -189,14 +197,36 @@ def test_format_exec_shows_exit_code_timeout_and_streams() -> None:
 
 
 def test_harness_output_that_is_missing_or_mismatched_is_an_error_report() -> None:
-    names = ["t0", "t1"]
-    bad = parse_harness_output(ExecResult(exit_code=137, stdout="", stderr="Killed"), names)
+    names, nonce = ["t0", "t1"], "n0nce"
+    bad = parse_harness_output(ExecResult(exit_code=137, stdout="", stderr="Killed"), names, nonce)
     assert bad.passed == 0 and bad.total == 2 and bad.error and "exit code 137" in bad.error
-    wrong = RESULT_MARK + json.dumps({"results": [["t0", True, ""]]})
-    assert parse_harness_output(ExecResult(exit_code=0, stdout=wrong, stderr=""), names).error
-    good = RESULT_MARK + json.dumps({"results": [["t0", True, ""], ["t1", False, "boom"]]})
-    rep = parse_harness_output(ExecResult(exit_code=0, stdout="noise\n" + good, stderr=""), names)
+    wrong = f"{RESULT_MARK}{nonce} " + json.dumps({"results": [["t0", True, ""]]})
+    assert parse_harness_output(ExecResult(exit_code=0, stdout=wrong, stderr=""), names, nonce).error
+    good = f"{RESULT_MARK}{nonce} " + json.dumps({"results": [["t0", True, ""], ["t1", False, "boom"]]})
+    rep = parse_harness_output(ExecResult(exit_code=0, stdout="noise\n" + good + "\n", stderr=""), names, nonce)
     assert (rep.passed, rep.total, rep.error, rep.outcomes[1].message) == (1, 2, None, "boom")
+
+
+def test_a_result_line_is_believed_only_with_the_nonce_exit_0_and_last() -> None:
+    names, nonce = ["t0"], "n0nce"
+    line = f"{RESULT_MARK}{nonce} " + json.dumps({"results": [["t0", True, ""]]})
+    forged = RESULT_MARK + json.dumps({"results": [["t0", True, ""]]})  # the pre-nonce format
+    other = f"{RESULT_MARK}guess " + json.dumps({"results": [["t0", True, ""]]})
+    cases = {
+        "no nonce": ExecResult(exit_code=0, stdout=forged, stderr=""),
+        "wrong nonce": ExecResult(exit_code=0, stdout=other, stderr=""),
+        "not last": ExecResult(exit_code=0, stdout=line + "\nmore", stderr=""),
+        "exit 1": ExecResult(exit_code=1, stdout=line, stderr=""),
+        "timed out": ExecResult(exit_code=None, stdout=line, stderr="", timed_out=True),
+        "passed not a bool": ExecResult(exit_code=0, stdout=line.replace("true", "1"), stderr=""),
+    }
+    for why, result in cases.items():
+        report = parse_harness_output(result, names, nonce)
+        assert (report.passed, report.error is not None) == (0, True), why
+    assert parse_harness_output(ExecResult(exit_code=0, stdout=line, stderr=""), names, "").error  # no nonce
+    ok = parse_harness_output(ExecResult(exit_code=0, stdout=line + "\n", stderr=""), names, nonce)
+    assert (ok.passed, ok.error) == (1, None)
+    assert new_nonce() != new_nonce() and len(new_nonce()) == 32
 
 
 # -- the harness, run as a plain subprocess ----------------------------------------------------------------------
@@ -206,11 +236,12 @@ TESTS = [("t0", "assert f(1) == 2"), ("t1", "assert f(2) == 3"), ("t2", "assert 
 
 
 def run_harness_subprocess(solution: str, tests=TESTS, *, data=DATA, timeout=2.0, budget=30.0, cwd: Path) -> list:
-    spec = harness_spec(data, solution, tests, timeout_s=timeout, budget_s=budget)
+    nonce = new_nonce()
+    spec = harness_spec(data, solution, tests, timeout_s=timeout, budget_s=budget, nonce=nonce)
     proc = subprocess.run([sys.executable, "-I", "-c", harness_source()], input=spec, capture_output=True,
                           text=True, cwd=cwd, timeout=120)
     report = parse_harness_output(ExecResult(exit_code=proc.returncode, stdout=proc.stdout, stderr=proc.stderr),
-                                  [n for n, _ in tests])
+                                  [n for n, _ in tests], nonce)
     assert report.error is None, report.error
     return [(o.passed, o.message) for o in report.outcomes]
 
@@ -232,7 +263,7 @@ def test_harness_isolates_hangs_crashes_and_exits(tmp_path: Path) -> None:
     )
     res = run_harness_subprocess(solution, timeout=1.0, cwd=tmp_path)
     assert res[0] == (False, "timed out after 1s")
-    assert res[1][0] is False and "exited with code 0 before reporting" in res[1][1]
+    assert res[1] == (False, "the solution process ended (exit, crash or out of memory) before returning a value")
     assert res[2] == (False, "SystemExit: 0")
 
 
@@ -270,3 +301,88 @@ def test_harness_binds_candidate_and_runs_prelude_and_setup(tmp_path: Path) -> N
     tests = [("t0", "assert candidate(1) == 10 + K")]
     solution = "def f(x):\n    return helper(x) + 3\n"
     assert run_harness_subprocess(solution, tests, data=data, cwd=tmp_path) == [(True, "")]
+
+
+# -- the judge / solution split: values are plain data, the solution sees no test ----------------------------------
+
+
+def test_plain_values_of_every_builtin_type_round_trip_exactly(tmp_path: Path) -> None:
+    value = ("{1: (2, -0.0, b'\\x00\\xff', frozenset({1, (2, 3)})), 'k': [None, True, 2 ** 200, -(2 ** 70), 1e308],"
+             " (1, 'a'): {'\\ud800', 'x'}, 'e': [[], (), {}, set(), '']}")
+    tests = [("t0", f"assert f(0) == {value}"),
+             ("t1", f"v = f(0)\nassert type(v[(1, 'a')]) is set and type(v[1][3]) is frozenset and v == {value}"),
+             ("t2", "assert f(0)['k'][1] is True and type(f(0)['k'][2]) is int")]
+    solution = f"def f(x):\n    return {value}\n"
+    assert run_harness_subprocess(solution, tests, cwd=tmp_path) == [(True, "")] * 3
+
+
+def test_values_that_are_not_plain_data_fail_with_a_message_naming_the_type(tmp_path: Path) -> None:
+    cases = {
+        "class Yes:\n    def __eq__(self, o): return True\ndef f(x):\n    return Yes()\n":
+            "returned an object of type solution.Yes; only plain data",
+        "class I(int):\n    def __eq__(self, o): return True\ndef f(x):\n    return I(x + 1)\n":
+            "returned an object of type solution.I; only plain data",
+        "def f(x):\n    return [x + 1, map(str, [1])]\n": "returned an object of type map; only plain data",
+        "def f(x):\n    return (i for i in [x + 1])\n": "returned an object of type generator; only plain data",
+        "def f(x):\n    a = []\n    a.append(a)\n    return a\n": "returned nested deeper than 100 levels",
+    }
+    for solution, message in cases.items():
+        res = run_harness_subprocess(solution, TESTS[:1], cwd=tmp_path)
+        assert res[0][0] is False and res[0][1].startswith(message), (solution, res)
+
+
+def test_exceptions_of_the_solution_reach_the_test_as_builtin_exceptions(tmp_path: Path) -> None:
+    solution = ("class Mine(Exception):\n    pass\n"
+                "def f(x):\n    if x:\n        raise ValueError('bad x')\n    raise Mine('m')\n")
+    tests = [("t0", "try:\n    f(1)\nexcept ValueError as e:\n    assert str(e) == 'bad x'\nelse:\n    assert False"),
+             ("t1", "assert f(1) == 2"), ("t2", "assert f(0) == 2")]
+    assert run_harness_subprocess(solution, tests, cwd=tmp_path) == [
+        (True, ""), (False, "ValueError: bad x"), (False, "Mine: m")]
+
+
+def test_the_solution_process_holds_only_its_two_pipes(tmp_path: Path) -> None:
+    solution = (
+        "import os\n"
+        "def f(x):\n"
+        "    return [os.readlink('/proc/self/fd/%d' % fd) for fd in (0, 1, 2)] + sorted(os.listdir('/proc/self/fd'))\n")
+    # the sixth entry is the directory listdir itself opened
+    tests = [("t0", "v = f(0)\nassert v[:3] == ['/dev/null'] * 3 and v[3:] == ['0', '1', '2', '3', '4', '5']")]
+    assert run_harness_subprocess(solution, tests, data=DATA, cwd=tmp_path) == [(True, "")]
+
+
+def test_the_solution_cannot_find_the_expected_values_in_its_memory(tmp_path: Path) -> None:
+    solution = (
+        "import gc, sys\n"
+        "def f(x):\n"
+        "    pattern = ''.join(map(chr, [69, 88, 80, 69, 67, 84, 69, 68, 95, 55]))  # not a constant of this code\n"
+        "    for o in gc.get_objects():\n"
+        "        for s in (o.values() if isinstance(o, dict) else o if isinstance(o, (list, tuple)) else ()):\n"
+        "            if isinstance(s, str) and pattern in s and s != pattern:\n"
+        "                return s\n"
+        "    return 'not found'\n")
+    tests = [("t0", "assert f('probe') == 'SECRET_EXPECTED_7'")]
+    res = run_harness_subprocess(solution, tests, cwd=tmp_path)
+    assert res == [(False, "AssertionError: expected 'SECRET_EXPECTED_7', got 'not found'")]
+
+
+def test_forged_frames_on_the_value_pipe_fail_the_test(tmp_path: Path) -> None:
+    cases = {
+        "import os\nos.write(4, b'\\x00\\x00\\x00\\x0a[\"ok\", 10]')\ndef f(x):\n    return 0\n":
+            "the solution process sent an invalid reply while loading",
+        "import os\ndef f(x):\n    os.write(4, b'\\xff\\xff\\xff\\xff')\n    os._exit(0)\n":
+            "the solution process sent an invalid value: a value of 4294967295 bytes",
+        "import os\ndef f(x):\n    os.write(4, b'\\x00\\x00\\x00\\x0c[\"ok\", 1e999')\n    os._exit(0)\n":
+            "the solution process sent an invalid value",
+        "import os, json\ndef f(x):\n    b = json.dumps(['ok', ['i', 'f' * 400000]]).encode()\n"
+        "    os.write(4, len(b).to_bytes(4, 'big') + b)\n    os._exit(0)\n":
+            "the solution process sent an invalid value: bad i payload",
+    }
+    for solution, message in cases.items():
+        res = run_harness_subprocess(solution, TESTS[:1], cwd=tmp_path)
+        assert res[0][0] is False and res[0][1].startswith(message), (solution, res)
+
+
+def test_the_tests_own_arguments_are_not_changed_by_a_solution_that_mutates_them(tmp_path: Path) -> None:
+    solution = "def f(xs):\n    xs.sort()\n    return len(xs)\n"
+    tests = [("t0", "xs = [3, 1, 2]\nassert f(xs) == 3 and xs == [3, 1, 2]")]
+    assert run_harness_subprocess(solution, tests, cwd=tmp_path) == [(True, "")]

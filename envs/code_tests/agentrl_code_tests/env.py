@@ -6,14 +6,19 @@ definition wins, see extract.py), so the state lives in the sandbox and the env 
 visible tests' results follow every run; with hermes tool calls `run_tests` runs them. The episode ends when the
 model replies without code / tool call (the runner ends on a reply with no calls), or at the runner's max turns.
 `finalize` runs the hidden tests against solution.py, each in its own process with a timeout; no solution -> every
-test fails (a policy outcome, not an infra error).
+test fails (a policy outcome, not an infra error). solution.py lives in the model's workspace, so the model can
+replace it: a directory, FIFO, symlink out of the workspace or huge file there is "no solution" with the reason in
+every test's message; a read that hangs on a sandbox whose agent still answers is the same; a sandbox that no longer
+answers raises (infra).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from agentrl.envs import Env, Task, register_env
+from agentrl.errors import SandboxDiedError
 from agentrl.types import TestOutcome, TestReport, ToolCall, ToolResult
 from agentrl_code_tests.config import parse_options, system_prompt, tool_specs
 from agentrl_code_tests.extract import defines, merge_solution
@@ -28,6 +33,9 @@ from agentrl_code_tests.scoring import (
     run_harness,
 )
 from agentrl_code_tests.tasks import load_tasks
+
+MAX_SOLUTION_BYTES = 1024 * 1024  # a larger solution.py is "no solution"
+READ_TIMEOUT_S = 20.0
 
 if TYPE_CHECKING:
     from agentrl.sandbox.client import Sandbox
@@ -75,9 +83,12 @@ class CodeTestsEnv(Env):
         # a fixed hash seed: printed sets and dict-of-str orders are the same in every run (reproducible runs)
         res = await sandbox.exec(["python3", MAIN_FILE], timeout=self.config.run_timeout_s,
                                  env={"PYTHONHASHSEED": "0"})
-        current = await sandbox.read_file(SOLUTION_FILE)
+        current, problem = await self._read_solution(sandbox)
+        current = current or ""
         merged = merge_solution(current, code)
         if merged is not None:
+            if problem is not None:  # the code replaced solution.py by something unwritable: start it afresh
+                await sandbox.exec(["rm", "-rf", "--", SOLUTION_FILE], timeout=self.config.run_timeout_s)
             await sandbox.write_file(SOLUTION_FILE, merged)
         output = format_exec(res, self.config.output_chars, timeout_s=self.config.run_timeout_s)
         if self.action_format == "codeblock":
@@ -101,17 +112,30 @@ class CodeTestsEnv(Env):
         return format_tests(report, task.data["visible_tests"])
 
     async def finalize(self, sandbox: Sandbox, task: Task) -> TestReport:
-        solution = await self.solution(sandbox, task)
+        solution, problem = await self._read_solution(sandbox)
         if solution is None:
-            return no_solution_report(task.data["tests"], task.data["entry_point"])
+            return no_solution_report(task.data["tests"], task.data["entry_point"], problem)
         return await self.score_solution(sandbox, task, solution)
 
     async def solution(self, sandbox: Sandbox, task: Task) -> str | None:
+        return (await self._read_solution(sandbox))[0]
+
+    async def _read_solution(self, sandbox: Sandbox) -> tuple[str | None, str | None]:
+        """(solution text or None, why it could not be read or None). Raises only when the sandbox is gone."""
         try:
-            text = await sandbox.read_file(SOLUTION_FILE)
-        except FileNotFoundError:  # setup() never ran in this sandbox
-            return None
-        return text if text.strip() else None
+            data = await asyncio.wait_for(sandbox.read_bytes(SOLUTION_FILE), READ_TIMEOUT_S)
+        except FileNotFoundError:  # setup() never ran here, or the model deleted it
+            return None, None
+        except (ValueError, PermissionError) as exc:  # a directory, FIFO, device, symlink out, > the agent's limit
+            return None, f"{SOLUTION_FILE} could not be read ({exc})"
+        except asyncio.TimeoutError:
+            if not await sandbox.health():
+                raise SandboxDiedError(f"sandbox {sandbox.id} stopped answering while {SOLUTION_FILE} was read")
+            return None, f"reading {SOLUTION_FILE} did not finish within {READ_TIMEOUT_S:g}s"
+        if len(data) > MAX_SOLUTION_BYTES:
+            return None, f"{SOLUTION_FILE} is larger than {MAX_SOLUTION_BYTES} bytes"
+        text = data.decode("utf-8", "replace")
+        return (text if text.strip() else None), None
 
     def reference_solution(self, task: Task) -> str | None:
         return str(task.data["reference"])
@@ -127,4 +151,5 @@ class CodeTestsEnv(Env):
 
     def time_needs(self) -> dict[str, float]:
         harness = self.config.test_budget_s + HARNESS_SLACK_S
-        return {"tool_call": self.config.run_timeout_s + harness + IO_SLACK_S, "finalize": harness + IO_SLACK_S}
+        io = READ_TIMEOUT_S + IO_SLACK_S  # reading solution.py (bounded) and writing it back
+        return {"tool_call": self.config.run_timeout_s + harness + io, "finalize": harness + io}

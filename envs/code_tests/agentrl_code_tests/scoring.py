@@ -4,11 +4,16 @@ Owns: the sandbox file layout of the env (solution.py, main.py), how the in-sand
 and its output parsed into a `TestReport`, and the capped text of observations. It does not choose tasks or parse
 tool calls. A harness that produces no report is a `TestReport` with `error` set and 0 passed (the model can break
 its own sandbox); a sandbox that dies raises from the sandbox client (infra) and is not caught here.
+
+The report is believed only when the harness exited 0 and the last line of its stdout is RESULT_MARK followed by
+the per-run nonce this module generated and passed on stdin (the harness never shows it to solution code), with one
+row per test in order. Anything else (a forged line, a killed harness, a timeout) is "no report": 0 passed.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Sequence
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any
@@ -29,8 +34,13 @@ def harness_source() -> str:
     return files(__package__).joinpath("harness.py").read_text(encoding="utf-8")
 
 
+def new_nonce() -> str:
+    """A fresh secret for one harness run: the result line must carry it."""
+    return secrets.token_hex(16)
+
+
 def harness_spec(data: Any, solution: str, tests: Sequence[tuple[str, str]], *, timeout_s: float,
-                 budget_s: float) -> str:
+                 budget_s: float, nonce: str) -> str:
     return json.dumps({
         "prelude": data["prelude"],
         "solution": solution,
@@ -39,6 +49,7 @@ def harness_spec(data: Any, solution: str, tests: Sequence[tuple[str, str]], *, 
         "tests": [list(t) for t in tests],
         "timeout": timeout_s,
         "budget": budget_s,
+        "nonce": nonce,
     })
 
 
@@ -46,29 +57,52 @@ async def run_harness(sandbox: Sandbox, data: Any, solution: str, tests: Sequenc
                       timeout_s: float, budget_s: float) -> TestReport:
     """Run `tests` against `solution` in the sandbox, each test in its own process. Never raises for anything the
     solution does; sandbox failures propagate."""
-    spec = harness_spec(data, solution, tests, timeout_s=timeout_s, budget_s=budget_s)
+    nonce = new_nonce()
+    spec = harness_spec(data, solution, tests, timeout_s=timeout_s, budget_s=budget_s, nonce=nonce)
     result = await sandbox.exec(["python3", "-I", "-c", harness_source()], stdin=spec,
                                 timeout=budget_s + HARNESS_SLACK_S)
-    return parse_harness_output(result, [name for name, _ in tests])
+    return parse_harness_output(result, [name for name, _ in tests], nonce)
 
 
-def parse_harness_output(result: ExecResult, names: list[str]) -> TestReport:
-    line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith(RESULT_MARK)), None)
-    try:
-        rows = json.loads(line[len(RESULT_MARK):])["results"] if line else None
-        outcomes = [TestOutcome(name=str(n), passed=bool(p), message=str(m)) for n, p, m in rows or []]
-    except (ValueError, KeyError, TypeError):
-        outcomes = []
-    if line is None or [o.name for o in outcomes] != names:
-        why = "timed out" if result.timed_out else f"exit code {result.exit_code}"
+def parse_harness_output(result: ExecResult, names: list[str], nonce: str) -> TestReport:
+    """The harness's report, or a 0-passed report with `error` saying why none can be believed."""
+    outcomes, why = _believed_outcomes(result, names, nonce)
+    if outcomes is None:
         error = f"test harness produced no report ({why}): {cap(result.stderr, 500)}"
         failed = [TestOutcome(name=n, passed=False, message="not run: the harness failed") for n in names]
         return TestReport(passed=0, total=len(names), outcomes=failed, error=error)
     return TestReport(passed=sum(o.passed for o in outcomes), total=len(outcomes), outcomes=outcomes)
 
 
-def no_solution_report(tests: Sequence[tuple[str, str]], entry_point: str) -> TestReport:
-    msg = f"no solution: the model never ran a definition of {entry_point}()"
+def _believed_outcomes(result: ExecResult, names: list[str], nonce: str) -> tuple[list[TestOutcome] | None, str]:
+    if result.timed_out:
+        return None, "timed out"
+    if result.exit_code != 0:
+        return None, f"exit code {result.exit_code}"
+    lines = result.stdout.rstrip("\n").split("\n")
+    prefix = f"{RESULT_MARK}{nonce} "
+    if not nonce or not lines[-1].startswith(prefix):
+        return None, "no result line with this run's nonce"
+    try:
+        rows = json.loads(lines[-1][len(prefix):])["results"]
+        outcomes = [_outcome(row) for row in rows]
+    except (ValueError, KeyError, TypeError):
+        return None, "unreadable result line"
+    if [o.name for o in outcomes] != names:
+        return None, "the result line does not list the tests run"
+    return outcomes, ""
+
+
+def _outcome(row: Any) -> TestOutcome:
+    name, passed, message = row
+    if type(passed) is not bool or not isinstance(name, str) or not isinstance(message, str):
+        raise TypeError(f"bad result row {row!r:.100}")
+    return TestOutcome(name=name, passed=passed, message=message)
+
+
+def no_solution_report(tests: Sequence[tuple[str, str]], entry_point: str, problem: str | None = None) -> TestReport:
+    """Every test failed (scored 0): the model left no solution, or `problem` says why its file is unusable."""
+    msg = f"no solution: {problem}" if problem else f"no solution: the model never ran a definition of {entry_point}()"
     outcomes = [TestOutcome(name=n, passed=False, message=msg) for n, _ in tests]
     return TestReport(passed=0, total=len(outcomes), outcomes=outcomes)
 
