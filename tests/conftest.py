@@ -1,8 +1,9 @@
 """Shared fixtures: the embedded model (converted once per machine), a tiny random model with its tokenizer, and
 tier gating (docker/k8s/gpu skip with a reason unless the environment says the resource must exist).
 
-Bubblewrap gating: tests marked `bwrap` skip with the reason when bubblewrap is missing or cannot create namespaces
-here; and on such a machine, a test that fails *because of* bubblewrap (its failure names bubblewrap / bwrap) is
+Bubblewrap gating: tests marked `bwrap` (and every test of BWRAP_MODULES, whose tests run `agentrl` in a child
+process, where a missing bubblewrap only shows as an exit code) skip with the reason when bubblewrap is missing or
+cannot create namespaces here; and on such a machine, a test that fails *because of* bubblewrap (its failure names bubblewrap / bwrap) is
 reported as skipped with the same reason, so a missing system package is never a test failure. Both are off when
 AGENTRL_REQUIRE_BWRAP=1 (CI): then every such test fails. On a machine where bubblewrap works nothing is rewritten.
 """
@@ -20,6 +21,7 @@ import pytest
 
 BWRAP_FIX = "apt-get install -y bubblewrap (make test installs it when it runs as root or with sudo -n)"
 _BWRAP_WORDS = ("bubblewrap", "bwrap")
+BWRAP_MODULES = frozenset({"test_cli_rollout.py", "test_trainer.py", "test_learning.py"})
 
 
 @functools.cache
@@ -47,6 +49,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in BWRAP_MODULES:
+            item.add_marker(pytest.mark.bwrap)
     marked = [item for item in items if item.get_closest_marker("bwrap") is not None]
     if not marked or _bwrap_required() or bwrap_problem() is None:
         return
