@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.cli.debug import add_replay_commands
+from agentrl.cli.doctor import add_doctor_command
 from agentrl.cli.envs_init import add_envs_init
 from agentrl.cli.train import add_train_commands
 from agentrl.errors import AgentRLError, ConfigError
@@ -193,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_commands(sub)
     _add_engine_commands(sub)
     add_train_commands(sub)
+    add_doctor_command(sub)
     return parser
 
 
