@@ -61,5 +61,5 @@ def test_every_command_in_docs_envs_runs(tmp_path: Path) -> None:
     assert re.search(r"^myenv\s+Write a small Python function", text, flags=re.M), "envs list does not show myenv"
     assert text.count("total: 3/3 tasks pass all tests") >= 3  # envs check by name, by file, by module
     trajs = read_trajectories(work / "runs" / "myenv.jsonl")
-    assert len(trajs) == 2 and {t.env for t in trajs} == {"./myenv/myenv/env.py:MyEnv"}
+    assert len(trajs) == 1 and {t.env for t in trajs} == {"./myenv/myenv/env.py:MyEnv"}
     assert all(t.reward is not None for t in trajs), [t.status for t in trajs]  # scored, no infra error
