@@ -1,12 +1,14 @@
-# The two commands a newcomer needs: `make demo` and `make test`. Both create/update .venv first.
+# The two commands a newcomer needs: `make demo` and `make test`. Both install the system packages they need when
+# missing (.ci/ensure-system.sh: as root, else `sudo -n`, else it prints the command) and create/update .venv first.
 SHELL := /bin/bash
+ENSURE := bash .ci/ensure-system.sh
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.agentrl-installed
 DEMO_OUT ?= runs/demo
 DEMO_ARGS ?=
 
-.PHONY: venv demo test test-docker bench lint clean
+.PHONY: venv system-demo system-test demo test test-docker lint doctor clean
 
 venv: $(STAMP)
 
@@ -21,13 +23,31 @@ $(STAMP): pyproject.toml envs/code_tests/pyproject.toml
 
 # A short real GRPO run (embedded SmolLM2-135M, easy code_tests tasks, bubblewrap sandboxes, CPU), then the eval
 # diff of the final checkpoint against the start. DEMO_ARGS="--steps N" scales it.
-demo: venv
+# doctor first: when the machine lacks something the demo job needs, its table says what and how to fix it.
+demo: system-demo venv
+	$(VENV)/bin/agentrl doctor --config docs/configs/demo-train.yaml --quiet
 	rm -rf $(DEMO_OUT)
 	$(VENV)/bin/agentrl train --config docs/configs/demo-train.yaml --output-dir $(DEMO_OUT) $(DEMO_ARGS)
 	$(VENV)/bin/agentrl eval --checkpoint $(DEMO_OUT) --baseline smollm2
 
-test: venv
+test: system-test venv
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The docker tier: installs and starts a Docker Engine and builds the sandbox images (as root), then runs the tier.
+test-docker: venv
+	AGENTRL_REQUIRE_DOCKER=1 $(ENSURE) --require docker
+	AGENTRL_REQUIRE_DOCKER=1 $(PY) -m pytest -q tests/docker $(PYTEST_ARGS)
+
+# demo: bubblewrap is required (the local sandbox). test: a tier whose package cannot be installed skips with the
+# reason instead (AGENTRL_REQUIRE_BWRAP=1 / _BROWSER=1 / _DOCKER=1 make it required).
+system-demo:
+	$(ENSURE) --require venv,bwrap
+
+system-test:
+	$(ENSURE) --require venv --want bwrap,browser
+
+doctor: venv
+	$(VENV)/bin/agentrl doctor $(DOCTOR_ARGS)
 
 lint: venv
 	$(VENV)/bin/lint-imports

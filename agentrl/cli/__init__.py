@@ -3,12 +3,16 @@
 
     agentrl rollout --env code_tests --tasks N --group-size G --max-turns T --out FILE [--config FILE.yaml] ...
     agentrl envs list
+    agentrl envs init NAME [--dir DIR]
     agentrl envs check NAME [--solutions FILE.jsonl] [--sandbox BACKEND] [--json FILE]
     agentrl sandbox gc [--backend local|docker] [--all]
     agentrl engine serve --model PATH --port N [--host 127.0.0.1] [--api sglang|vllm]
                                                   (stand-in SGLang / vLLM server over the local engine)
     agentrl reward serve [--port N]               (reference reward-model service, http source)
     agentrl diff RUN_A RUN_B                      (first divergence of two runs; exit 1 if any)
+    agentrl doctor [--config job.yaml]            (what this machine offers the job, and the fixes)
+
+Wherever an env NAME is taken, `path/to/file.py:Class` or `package.module:Class` works too.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.cli.debug import add_replay_commands
-from agentrl.cli.reward import add_reward_commands
 from agentrl.cli.diff import add_diff_command
+from agentrl.cli.doctor import add_doctor_command
+from agentrl.cli.envs_init import add_envs_init
+from agentrl.cli.reward import add_reward_commands
 from agentrl.cli.train import add_train_commands
 from agentrl.errors import AgentRLError, ConfigError
 
@@ -33,7 +39,8 @@ log = logging.getLogger("agentrl")
 
 def _add_rollout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="YAML file with the same fields (flags override it)")
-    p.add_argument("--env", help="registered env name (default code_tests)")
+    p.add_argument("--env", help="registered env name, path/to/file.py:Class or package.module:Class "
+                                 "(default code_tests)")
     p.add_argument("--tasks", type=int, help="run the first N tasks of the env")
     p.add_argument("--task-id", action="append", dest="task_ids", help="run only this task id (repeatable)")
     p.add_argument("--group-size", type=int, help="samples per task (the GRPO group), default 4")
@@ -185,10 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rollout", help="run G samples of each task and store the trajectories")
     _add_rollout_args(p)
     p.set_defaults(func=_cmd_rollout)
-    envs = sub.add_parser("envs", help="list or check environments").add_subparsers(dest="envs_cmd", required=True)
+    envs = sub.add_parser("envs", help="list, create or check environments").add_subparsers(dest="envs_cmd", required=True)
     envs.add_parser("list", help="registered environments").set_defaults(func=_cmd_envs_list)
+    add_envs_init(envs)
     c = envs.add_parser("check", help="run reference (or given) solutions through the real sandbox path")
-    c.add_argument("name")
+    c.add_argument("name", help="registered env name, path/to/file.py:Class or package.module:Class")
     c.add_argument("--solutions", type=Path, help='JSONL of {"task_id": ..., "solution": "<python>"}')
     c.add_argument("--sandbox", default="local", choices=["local", "docker", "kubernetes"])
     c.add_argument("--unsafe-no-isolation", action="store_true")
@@ -207,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_commands(sub)
     add_train_commands(sub)
     add_reward_commands(sub)
+    add_doctor_command(sub)
     return parser
 
 

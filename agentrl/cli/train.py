@@ -35,19 +35,30 @@ def add_train_commands(sub: Any) -> None:
     p.add_argument("--deterministic", action="store_true", default=None,
                    help="identical trajectories, metrics and checkpoints per seed (slower; docs/determinism.md)")
     p.set_defaults(func=_cmd_train)
-    e = sub.add_parser("eval", help="score a checkpoint on a fixed task set (sampled + greedy), diff vs a baseline")
+    e = sub.add_parser("eval", help="score a checkpoint on a fixed task set (sampled + greedy), diff vs a baseline",
+                       description="Means come with 95%% bootstrap intervals over tasks; the candidate-vs-baseline "
+                                   "difference with a paired sign-flip permutation test over tasks; a task is "
+                                   "better/worse only when a permutation test of its samples says so (p < 0.05), "
+                                   "else n.s.")
     e.add_argument("--checkpoint", required=True,
                    help="run output_dir (its last checkpoint), checkpoint dir, HF model dir or 'smollm2'")
     e.add_argument("--baseline", help="what to compare against (same forms as --checkpoint)")
     e.add_argument("--config", type=Path, help="job YAML for env / tasks / sampling (default: the run's config.json)")
     e.add_argument("--out", type=Path, help="report dir (default: <run>/eval/compare or ./eval-report)")
     e.add_argument("--tasks", type=int, help="evaluate the first N tasks (overrides eval.tasks)")
-    e.add_argument("--samples", type=int, help="sampled runs per task (overrides eval.samples)")
+    e.add_argument("--samples", type=int, help="sampled runs per task (overrides eval.samples). A per-task verdict "
+                   "needs enough of them: " + _samples_help())
     e.add_argument("--no-greedy", action="store_true", help="skip the greedy run")
     e.add_argument("--seed", type=int, help="overrides `seed`")
     e.add_argument("--deterministic", action="store_true", default=None,
                    help="same seed -> identical evaluation trajectories (docs/determinism.md)")
     e.set_defaults(func=_cmd_eval)
+
+
+def _samples_help() -> str:
+    from agentrl.trainer.eval_stats import samples_table
+
+    return samples_table().replace("%", "%%")
 
 
 # -- train --------------------------------------------------------------------------------------------------------
@@ -226,8 +237,13 @@ async def run_eval(cfg: Any, candidate: Path, baseline: Path | None, out: Path) 
                 results[label] = await _eval_one(cfg, env, tasks, path, pool, label, out)
                 write_json(out / f"{label}.json", results[label])
     if baseline is None:
+        from agentrl.trainer.eval_stats import bootstrap_ci
+
         for mode, m in results["candidate"]["modes"].items():
-            print(f"[{mode}] mean reward {m['mean']}")
+            scores = [t["score"] for t in m["tasks"].values() if t["score"] is not None]
+            ci = bootstrap_ci(scores)
+            interval = f" [{ci[0]:.3f}, {ci[1]:.3f}] (95% bootstrap over {len(scores)} tasks)" if ci else ""
+            print(f"[{mode}] mean reward {m['mean'] if m['mean'] is None else round(m['mean'], 3)}{interval}")
         return 0
     report = diff_evals(results["baseline"], results["candidate"])
     write_json(out / "report.json", report)

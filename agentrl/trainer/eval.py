@@ -5,9 +5,11 @@ task id (never by arrival order), and its JSON / text renderings. Does not own b
 checkpoints (the CLI and `checkpoints.py` do), nor the trajectory loop (runner).
 
 Modes: "sampled" runs every task `samples` times with the job's SamplingParams (its score is the mean reward),
-"greedy" runs it once at temperature 0. A task is "better" / "worse" when the candidate's score is above / below the
-baseline's by more than `tol`, else "unchanged"; tasks without a score on one side (every run an infra error, or the
-task missing) are listed as "missing" and never counted as worse.
+"greedy" runs it once at temperature 0. Each mode's mean comes with a 95% bootstrap interval over tasks, and the
+candidate-vs-baseline difference with a paired sign-flip permutation test over tasks (`eval_stats.py`). A task is
+"better" / "worse" only when its samples differ significantly (two-sample permutation test, p < 0.05; one sample per
+side never is), "n.s." when its score moved but not significantly, "unchanged" when it did not move; tasks without
+a score on one side (every run an infra error, or the task missing) are "missing" and never counted as worse.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from agentrl.envs.base import Task
 from agentrl.reward import Scorer
+from agentrl.trainer import eval_stats
 from agentrl.runner import Rollout, Scheduler, SchedulerConfig
 from agentrl.store import TrajectoryStore
 from agentrl.types import SamplingParams, Trajectory
@@ -93,35 +96,56 @@ async def evaluate(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: i
     return result
 
 
-def _verdict(base: float | None, cand: float | None, tol: float) -> str:
+VERDICTS = ("better", "worse", "n.s.", "unchanged", "missing")
+
+
+def _verdict(base: float | None, cand: float | None, p_value: float, tol: float) -> str:
     if base is None or cand is None:
         return "missing"
-    if cand > base + tol:
-        return "better"
-    if cand < base - tol:
-        return "worse"
-    return "unchanged"
+    if abs(cand - base) <= tol:
+        return "unchanged"
+    if p_value >= eval_stats.ALPHA:
+        return "n.s."
+    return "better" if cand > base else "worse"
 
 
-def diff_evals(baseline: dict[str, Any], candidate: dict[str, Any], tol: float = TOLERANCE) -> dict[str, Any]:
-    """Per-task diff of two `evaluate` results, joined by task id."""
-    report: dict[str, Any] = {"baseline": baseline["label"], "candidate": candidate["label"], "modes": {}}
+def _scored(entry: dict[str, Any]) -> list[float]:
+    return [float(r) for r in entry.get("rewards", []) if r is not None]
+
+
+def _task_row(task_id: str, b: dict[str, Any], c: dict[str, Any], tol: float, seed: int) -> dict[str, Any]:
+    bs, cs = b.get("score"), c.get("score")
+    p = eval_stats.permutation_p(_scored(b), _scored(c), seed=seed) if bs is not None and cs is not None else 1.0
+    return {"task_id": task_id, "baseline": bs, "candidate": cs, "delta": None if bs is None or cs is None else cs - bs,
+            "samples": [len(_scored(b)), len(_scored(c))], "p_value": p, "verdict": _verdict(bs, cs, p, tol)}
+
+
+def _mode_stats(rows: list[dict[str, Any]], base: dict[str, Any], cand: dict[str, Any], seed: int) -> dict[str, Any]:
+    b_scores = [v["score"] for v in base.values() if v.get("score") is not None]
+    c_scores = [v["score"] for v in cand.values() if v.get("score") is not None]
+    both = [r for r in rows if r["verdict"] != "missing"]
+    return {"ci95_baseline": eval_stats.bootstrap_ci(b_scores, seed=seed),
+            "ci95_candidate": eval_stats.bootstrap_ci(c_scores, seed=seed),
+            "difference": eval_stats.paired_difference([r["baseline"] for r in both], [r["candidate"] for r in both],
+                                                       seed=seed)}
+
+
+def diff_evals(baseline: dict[str, Any], candidate: dict[str, Any], tol: float = TOLERANCE,
+               seed: int = 0) -> dict[str, Any]:
+    """Per-task diff of two `evaluate` results, joined by task id, with intervals and tests (seeded)."""
+    report: dict[str, Any] = {"baseline": baseline["label"], "candidate": candidate["label"], "alpha": eval_stats.ALPHA,
+                              "modes": {}}
     for mode in MODES:
         if mode not in baseline["modes"] or mode not in candidate["modes"]:
             continue
         base, cand = baseline["modes"][mode]["tasks"], candidate["modes"][mode]["tasks"]
         order = list(dict.fromkeys(candidate.get("task_ids", []) + baseline.get("task_ids", [])
                                    + sorted(set(base) | set(cand))))
-        rows, counts = [], {"better": 0, "worse": 0, "unchanged": 0, "missing": 0}
-        for task_id in order:
-            b = base.get(task_id, {}).get("score")
-            c = cand.get(task_id, {}).get("score")
-            verdict = _verdict(b, c, tol)
-            counts[verdict] += 1
-            rows.append({"task_id": task_id, "baseline": b, "candidate": c,
-                         "delta": None if b is None or c is None else c - b, "verdict": verdict})
+        rows = [_task_row(t, base.get(t, {}), cand.get(t, {}), tol, seed) for t in order]
+        counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
         report["modes"][mode] = {**counts, "mean_baseline": baseline["modes"][mode]["mean"],
-                                 "mean_candidate": candidate["modes"][mode]["mean"], "tasks": rows}
+                                 "mean_candidate": candidate["modes"][mode]["mean"],
+                                 **_mode_stats(rows, base, cand, seed), "tasks": rows}
     return report
 
 
@@ -129,21 +153,42 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
+def _ci(ci: list[float] | tuple[float, float] | None) -> str:
+    return "" if ci is None else f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def _summary_lines(mode: str, m: dict[str, Any]) -> list[str]:
+    d = m.get("difference") or {}
+    if d.get("mean") is None:
+        verdict = "no task scored on both sides"
+    else:
+        sig = "significant" if d["significant"] else "not significant (n.s.)"
+        verdict = (f"difference {d['mean']:+.3f}{_ci(d['ci95'])}, p = {d['p_value']:.3g} over {d['tasks']} tasks: "
+                   f"{sig} ({d['test']})")
+    return [f"\n[{mode}] mean {_fmt(m['mean_baseline'])}{_ci(m.get('ci95_baseline'))} -> "
+            f"{_fmt(m['mean_candidate'])}{_ci(m.get('ci95_candidate'))}  (95% bootstrap intervals over tasks)",
+            f"  {verdict}",
+            f"  tasks: better {m['better']}  worse {m['worse']}  n.s. {m.get('n.s.', 0)}  unchanged {m['unchanged']}"
+            f"  missing {m['missing']}  (per task: permutation test of its samples, p < 0.05)"]
+
+
 def format_diff(report: dict[str, Any], *, max_rows: int = 40) -> str:
     lines = [f"eval diff: candidate {report['candidate']}  vs  baseline {report['baseline']}"]
     for mode, m in report["modes"].items():
-        lines.append(f"\n[{mode}] mean {_fmt(m['mean_baseline'])} -> {_fmt(m['mean_candidate'])}   better "
-                     f"{m['better']}  worse {m['worse']}  unchanged {m['unchanged']}  missing {m['missing']}")
-        lines.append(f"  {'task':40s} {'baseline':>8s} {'candidate':>9s} {'delta':>7s}  verdict")
+        lines += _summary_lines(mode, m)
+        lines.append(f"  {'task':40s} {'baseline':>8s} {'candidate':>9s} {'delta':>7s} {'p':>6s}  verdict")
         changed = [r for r in m["tasks"] if r["verdict"] != "unchanged"]
         for r in (changed or m["tasks"])[:max_rows]:
+            p = f"{r['p_value']:.2f}" if r.get("p_value") is not None else "-"
             lines.append(f"  {r['task_id'][:40]:40s} {_fmt(r['baseline']):>8s} {_fmt(r['candidate']):>9s} "
-                         f"{_fmt(r['delta']):>7s}  {r['verdict']}")
+                         f"{_fmt(r['delta']):>7s} {p:>6s}  {r['verdict']}")
         hidden = len(changed or m["tasks"]) - max_rows
         if hidden > 0:
             lines.append(f"  ... {hidden} more rows in the JSON report")
         if changed and len(changed) < len(m["tasks"]):
             lines.append(f"  ({len(m['tasks']) - len(changed)} unchanged tasks not shown)")
+    if any(r["verdict"] == "n.s." for m in report["modes"].values() for r in m["tasks"]):
+        lines.append(f"\nn.s.: too few samples to tell. {eval_stats.samples_table()}; set --samples.")
     return "\n".join(lines)
 
 

@@ -226,7 +226,7 @@ def test_eval_diff_report_joined_by_task_id(two_steps: tuple[Path, Recorder], ta
     base = json.loads((report_dir / "baseline.json").read_text())
     assert cand["label"].endswith("checkpoint-2")
     for mode, m in report["modes"].items():
-        assert m["better"] + m["worse"] + m["unchanged"] + m["missing"] == 3
+        assert m["better"] + m["worse"] + m["n.s."] + m["unchanged"] + m["missing"] == 3
         for row in m["tasks"]:
             b = base["modes"][mode]["tasks"][row["task_id"]]["score"]
             c = cand["modes"][mode]["tasks"][row["task_id"]]["score"]

@@ -144,17 +144,26 @@ def _result(label: str, rewards: dict[str, list[float | None]], order: list[str]
 
 
 def test_eval_diff_joins_by_task_id_not_order() -> None:
-    base = _result("A", {"x": [0.0, 0.5], "y": [1.0], "z": [0.5], "w": [None]}, ["x", "y", "z", "w"])
-    cand = _result("B", {"z": [0.5], "y": [0.0], "x": [1.0, 1.0], "w": [1.0]}, ["z", "y", "x", "w"])
+    base = _result("A", {"x": [0.0, 0.5], "y": [1.0], "z": [0.5], "w": [None], "v": [0.0] * 4},
+                   ["x", "y", "z", "w", "v"])
+    cand = _result("B", {"z": [0.5], "y": [0.0], "x": [1.0, 1.0], "w": [1.0], "v": [1.0] * 4},
+                   ["z", "y", "x", "w", "v"])
     report = diff_evals(base, cand)
     rows = {r["task_id"]: r for r in report["modes"]["sampled"]["tasks"]}
-    assert rows["x"]["verdict"] == "better" and rows["x"]["baseline"] == 0.25 and rows["x"]["candidate"] == 1.0
-    assert rows["y"]["verdict"] == "worse" and rows["z"]["verdict"] == "unchanged"
+    assert rows["x"]["baseline"] == 0.25 and rows["x"]["candidate"] == 1.0
+    assert rows["x"]["verdict"] == "n.s." and rows["x"]["p_value"] == pytest.approx(1 / 3)  # 2 vs 2 samples
+    assert rows["y"]["verdict"] == "n.s." and rows["y"]["p_value"] == 1.0  # one sample per side never tells
+    assert rows["v"]["verdict"] == "better" and rows["v"]["p_value"] == pytest.approx(2 / 70)  # 4 vs 4, exact
+    assert rows["z"]["verdict"] == "unchanged"
     assert rows["w"]["verdict"] == "missing"  # every baseline run was an infra error: not a regression
     m = report["modes"]["greedy"]
-    assert (m["better"], m["worse"], m["unchanged"], m["missing"]) == (1, 1, 1, 1)
+    assert (m["better"], m["worse"], m["n.s."], m["unchanged"], m["missing"]) == (1, 0, 2, 1, 1)
+    d = m["difference"]  # diffs 0, -1, .75, 1: every one of the 16 sign flips has |sum| >= .75 -> p = 1
+    assert d["tasks"] == 4 and d["mean"] == pytest.approx(0.1875) and d["test"].startswith("paired sign-flip")
+    assert d["p_value"] == 1.0 and not d["significant"]
     text = format_diff(report)
-    assert "better 1  worse 1  unchanged 1  missing 1" in text and "x" in text
+    assert "better 1  worse 0  n.s. 2  unchanged 1  missing 1" in text and "not significant (n.s.)" in text
+    assert "samples per side" in text  # n.s. rows come with how many samples would tell
 
 
 # -- sampler / loop ---------------------------------------------------------------------------------------------------
