@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
+from agentrl.trainer.metrics import is_timing
 from agentrl.types import Trajectory
 
 Key = tuple[int, str, int, int]  # (step or -1, task id, sample index, occurrence of that triple in the file)
@@ -154,7 +155,7 @@ def compare_pair(key: Key, a: Trajectory, b: Trajectory) -> Divergence | None:
 
 
 def compare_metrics(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per-step differences of every metric except timings (`time_*`)."""
+    """Per-step differences of every metric except timings (`time_*`, `*_wait_s`, `*_idle_s`)."""
     by_a, by_b = {r.get("step"): r for r in rows_a}, {r.get("step"): r for r in rows_b}
     out = []
     for step in sorted(set(by_a) | set(by_b), key=lambda s: (s is None, s)):
@@ -162,7 +163,7 @@ def compare_metrics(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]]) 
         if ra is None or rb is None:
             out.append({"step": step, "missing_in": "a" if ra is None else "b"})
             continue
-        keys = [k for k in dict.fromkeys([*ra, *rb]) if not k.startswith("time_")]
+        keys = [k for k in dict.fromkeys([*ra, *rb]) if not is_timing(k)]
         changed = {k: (ra.get(k), rb.get(k)) for k in keys if ra.get(k) != rb.get(k)}
         if changed:
             out.append({"step": step, "changed": changed})
@@ -220,7 +221,7 @@ def render(report: Report, *, max_shown: int, decode: Any = None) -> list[str]:
     if len(report.trajectories) > max_shown:
         lines.append(f"  ... {len(report.trajectories) - max_shown} more (--max-shown, --json)")
     if report.metrics_compared:
-        lines.append(f"metrics: {report.metrics_compared} steps compared (time_* ignored), "
+        lines.append(f"metrics: {report.metrics_compared} steps compared (timings ignored), "
                      f"{len(report.metrics)} differ")
         for m in report.metrics:
             if "missing_in" in m:

@@ -264,7 +264,7 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001
             error = f"reward: {type(exc).__name__}: {exc}"
             return traj.model_copy(update={"status": Status.infra_error, "reward": None, "reward_components": {},
-                                           "tests": None, "error_kind": "reward_failed",
+                                           "error_kind": "reward_failed",
                                            "error": error if traj.error is None else f"{traj.error}\n{error}"})
 
     async def _leased(self, run: _Attempt) -> None:

@@ -145,8 +145,21 @@ class TrainConfig(_Config):
     device: Literal["cpu", "auto"] = "cpu"  # auto: accelerate picks (GPU if present)
     bf16: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _deterministic_is_synchronous(cls, data: Any) -> Any:
+        """Pipelining makes which weights generate a turn depend on timing: deterministic runs are synchronous
+        (pipeline.max_staleness 0) unless the user asked otherwise, which is refused in _rules."""
+        if isinstance(data, dict) and data.get("deterministic") and "pipeline" not in data:
+            return {**data, "pipeline": {"max_staleness": 0}}
+        return data
+
     @model_validator(mode="after")
     def _rules(self) -> TrainConfig:
+        if self.deterministic and (self.pipeline.max_staleness > 0 or self.rollout.oversample > 1.0):
+            raise ValueError("deterministic: true needs pipeline.max_staleness: 0 and rollout.oversample: 1.0 (with "
+                             "pipelining or over-sampling, which weights generate a turn and which groups are "
+                             "trained depend on timing)")
         if self.sampling.temperature <= 0:
             raise ValueError("sampling.temperature must be > 0 for training (greedy rollouts have no gradient "
                              "signal and TRL divides logits by it); greedy runs belong to `agentrl eval`")

@@ -31,6 +31,14 @@ METRIC_KEYS = ("step", "reward_mean", "reward_std", "frac_zero_std_groups", "pas
 IS_CLIPPED_KEY = "sampling/importance_sampling_ratio/clipped_frac"  # logged by AgentGRPOTrainer
 
 
+TIMING_SUFFIXES = ("_wait_s", "_idle_s")
+
+
+def is_timing(key: str) -> bool:
+    """Metrics that measure wall time (they differ between identical runs): `time_*`, `*_wait_s`, `*_idle_s`."""
+    return key.startswith("time_") or key.endswith(TIMING_SUFFIXES)
+
+
 def _opt(logs: dict[str, Any], key: str) -> float | None:
     value = logs.get(key)
     return None if value is None else float(value)

@@ -108,12 +108,12 @@ def test_two_deterministic_training_runs_give_identical_metrics_and_checkpoints(
         taught_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import torch
 
-    from agentrl.trainer.metrics import read_metrics
+    from agentrl.trainer.metrics import is_timing, read_metrics
 
     a, b = tmp_path / "a", tmp_path / "b"
     _train(taught_model, a)
     _train(taught_model, b)
-    untimed = [[{k: v for k, v in row.items() if not k.startswith("time_")} for row in read_metrics(d / "metrics.jsonl")]
+    untimed = [[{k: v for k, v in row.items() if not is_timing(k)} for row in read_metrics(d / "metrics.jsonl")]
                for d in (a, b)]
     assert len(untimed[0]) == 2 and untimed[0] == untimed[1]
     assert untimed[0][0]["loss"] is not None and untimed[0][0]["model_tokens"] > 0

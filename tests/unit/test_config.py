@@ -63,3 +63,12 @@ def test_config_is_frozen() -> None:
     cfg = load_config(RolloutConfig)
     with pytest.raises(Exception):
         cfg.group_size = 3  # type: ignore[misc]
+
+
+def test_deterministic_training_is_synchronous() -> None:
+    from agentrl.trainer.config import TrainConfig
+
+    assert TrainConfig(deterministic=True).pipeline.max_staleness == 0
+    assert TrainConfig().pipeline.max_staleness == 1
+    with pytest.raises(ValueError, match="deterministic: true needs pipeline.max_staleness: 0"):
+        TrainConfig(deterministic=True, pipeline={"max_staleness": 1})

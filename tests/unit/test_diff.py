@@ -76,7 +76,7 @@ def test_run_dirs_compare_metrics_except_timings(tmp_path: Path, capsys: pytest.
     lossy = [rows[0], {**rows[1], "loss": 0.2}]
     a, b, c = _run_dir(tmp_path, "a", rows), _run_dir(tmp_path, "b", timed), _run_dir(tmp_path, "c", lossy)
     code, out = _run(capsys, str(a), str(b))
-    assert code == 0 and "metrics: 2 steps compared (time_* ignored), 0 differ" in out
+    assert code == 0 and "metrics: 2 steps compared (timings ignored), 0 differ" in out
     code, out = _run(capsys, str(a), str(c))
     assert code == 1 and "step 1: loss 0.1 vs 0.2" in out and "trajectories: 4 in A, 4 in B, 4 paired, 0 differ" in out
 
