@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from agentrl.sandbox import Sandbox, SandboxSpec
-from agentrl.sandbox.k8s_pods import is_ready
+from agentrl.sandbox.kubernetes.pods import is_ready
 from agentrl.sandbox.kubernetes import KubernetesBackend
 from agentrl.testing.fake_k8s import FakeKubernetes
 from agentrl.testing.fake_kubelet import FakeKubelet

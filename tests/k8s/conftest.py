@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from agentrl.sandbox import SandboxSpec
-from agentrl.sandbox.k8s_api import KubeApi, load_client_configuration
+from agentrl.sandbox.kubernetes.api import KubeApi, load_client_configuration
 from agentrl.sandbox.kubernetes import KubernetesBackend
 from agentrl.testing.fake_k8s import FakeKubernetes
 from agentrl.testing.fake_kubelet import FakeKubelet

@@ -11,7 +11,7 @@ import pytest
 
 from agentrl.errors import SandboxDiedError
 from agentrl.sandbox import Sandbox, SandboxPool
-from agentrl.sandbox.k8s_pods import L_OWNER, L_STATE, is_ready
+from agentrl.sandbox.kubernetes.pods import L_OWNER, L_STATE, is_ready
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,7 +15,7 @@ import pytest
 
 from agentrl.errors import SandboxDiedError, SandboxStartError
 from agentrl.sandbox import Sandbox
-from agentrl.sandbox.k8s_pods import Owner, is_ready
+from agentrl.sandbox.kubernetes.pods import Owner, is_ready
 
 pytestmark = pytest.mark.timeout(120)
 

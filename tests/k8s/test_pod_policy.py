@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from agentrl.errors import ConfigError
 from agentrl.sandbox import SandboxSpec
-from agentrl.sandbox.k8s_pods import (INIT_SCRIPT, L_EGRESS, L_ROLE, Owner, PodOptions, derive_token, label_value,
-                                      pod_spec, spec_hash)
-from agentrl.sandbox.k8s_pool import PodPool
+from agentrl.sandbox.kubernetes.pods import (INIT_SCRIPT, L_EGRESS, L_ROLE, Owner, PodOptions, derive_token,
+                                             label_value, pod_spec, spec_hash)
+from agentrl.sandbox.kubernetes.pool import PodPool
 from agentrl.sandbox.kubernetes import KubernetesSandboxConfig
 from agentrl.testing.fake_k8s import merge_patch
 
