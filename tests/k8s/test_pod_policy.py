@@ -171,3 +171,13 @@ def test_init_script_writes_the_token_the_backend_derives(tmp_path: Path) -> Non
 def test_label_values_are_sanitised() -> None:
     assert label_value("run/with spaces:and-ü") == "run-with-spaces-and"
     assert len(label_value("x" * 100)) == 63
+
+
+@pytest.mark.parametrize("cpus, pod_request", [(0.05, "50m"), (0.1, "100m"), (2.0, "2000m")])
+def test_the_pod_cpu_request_is_the_sandbox_cpus(cpus: float, pod_request: str) -> None:
+    # the scheduler reserves max(init container, containers): a small init container must not raise tiny sandboxes
+    pool = _pool(None, None, None, Owner(session="s", host="h", pid=1, pid_start="1"))
+    body = pod_spec(SandboxSpec(cpus=cpus), pool.opts, deadline_s=60)
+    init, main = body["initContainers"][0], body["containers"][0]
+    assert main["resources"]["requests"]["cpu"] == pod_request
+    assert int(init["resources"]["requests"]["cpu"].rstrip("m")) <= int(pod_request.rstrip("m"))
