@@ -97,7 +97,9 @@ class KubernetesSandboxConfig(BaseModel):
     start_timeout_s: float = Field(default=300.0, gt=0)  # scheduling + image pull + agent up, per pod
     agent_port: int = Field(default=8765, ge=1, le=65535)
     runtime_class: str | None = None  # e.g. "gvisor" (k8s/components/gvisor)
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    # IfNotPresent: thousands of sandbox pods of one task image must not pull it each time (a moving tag needs
+    # Always, at a cold-start cost); None leaves it to Kubernetes (Always for :latest)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = "IfNotPresent"
     pod_template: dict[str, Any] | None = None  # PodTemplateSpec (metadata + spec): scheduling, pull secrets...
     key_secret: str = Field(default="agentrl-sandbox-key", pattern=_DNS_LABEL)
     delete_grace_s: int = Field(default=1, ge=0)
