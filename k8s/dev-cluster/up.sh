@@ -98,8 +98,7 @@ make_pki() {  # CA, serving cert (bridge IP, loopback, the service IP), service-
 
 kubeconfig() {  # NAME LINE-OF-tokens.csv
   local tok; tok=$(sed -n "$2p" "$C/tokens.csv" | cut -d, -f1)
-  umask 077
-  cat > "$C/$1.kubeconfig" <<KC
+  (umask 077; cat > "$C/$1.kubeconfig") <<KC
 apiVersion: v1
 kind: Config
 clusters: [{name: agentrl-dev, cluster: {server: "https://$API_IP:$API_PORT", certificate-authority: "$C/ca.crt"}}]
@@ -133,7 +132,7 @@ ensure_bridge() {
 ensure_cgroup_root() {  # the kubelet's pod cgroups (pids limits need them) under one cgroup that down.sh removes
   local d
   for d in /sys/fs/cgroup/*/; do
-    case $d in */unified/ | */systemd/ | */rdma/ | */misc/) continue ;; esac
+    case $d in */unified/) continue ;; esac  # every v1 controller and the named systemd hierarchy
     [ -f "$d/cgroup.procs" ] && mkdir -p "$d${CGROUP_ROOT#/}"
   done
 }
@@ -228,7 +227,7 @@ main() {
   start_control_plane
   start_dockerd
   start_kubelet
-  say "up: $(kubectl version -o json 2>/dev/null | grep -m1 gitVersion | tr -d ' ",' || true)" \
+  say "up: Kubernetes $(kubectl get --raw /version 2>/dev/null | grep -m1 gitVersion | tr -d ' ",' || true);" \
       "DOCKER_HOST=unix://$D/docker.sock; pods on $BRIDGE ($BRIDGE_CIDR)"
   echo "$KUBECONFIG"
 }

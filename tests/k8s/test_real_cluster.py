@@ -130,8 +130,9 @@ async def test_pids_limit_stops_a_fork_storm_and_the_sandbox_survives(real_clust
     if limit <= 0:
         pytest.skip("the node sets no podPidsLimit (Kubernetes limits pids per pod through the kubelet)")
     backend = real_cluster.backend()
-    handle = await backend.create(real_cluster.spec, {})
-    sb = Sandbox(handle, real_cluster.spec)
+    spec = real_cluster.spec.model_copy(update={"memory": "512m"})  # ~250 processes: pids, not memory, must bind
+    handle = await backend.create(spec, {})
+    sb = Sandbox(handle, spec)
     try:
         await sb.write_file("probe.py", PIDS_PROBE)
         r = await _run(sb, "python3 probe.py", timeout=120)
