@@ -10,7 +10,8 @@
 #     mapiterinit): replaced by Debian's golang-github-modern-go-reflect2-dev 1.0.2 (the upstream fix).
 #  3. kubelet: a negative oom_score_adj fails where the host lacks CAP_SYS_RESOURCE (runc "can't get final child's
 #     PID"), so pause/Guaranteed containers use 0; kernel sysctls are only warned about, never rewritten on the host;
-#     pod and container logs live under the cluster directory instead of /var/log.
+#     pod and container logs live under the cluster directory instead of /var/log; and (a dev convenience, not a fix)
+#     AGENTRL_DEV_NODE_CPUS overrides the CPU capacity the node reports, so a 2-core machine schedules many sandboxes.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 P=${AGENTRL_K8S_DIR:-$HOME/.cache/agentrl/k8s}
@@ -49,6 +50,27 @@ patch_kubelet() {  # fix 3 (see the header)
   sed -i "s#defaultSandboxOOMAdj int = -998#defaultSandboxOOMAdj int = 0 $m -998#" "$S/pkg/kubelet/dockershim/docker_sandbox.go"
   sed -i "s#guaranteedOOMScoreAdj int = -997#guaranteedOOMScoreAdj int = 0 $m -997#" "$S/pkg/kubelet/qos/policy.go"
   grep -q agentrl-dev-cluster "$S/pkg/kubelet/dockershim/docker_sandbox.go" || { log "kubelet patch did not apply"; exit 1; }
+  rm -f "$P/bin/kubelet"
+}
+
+patch_node_cpus() {  # a dev machine of 2 cores must schedule many sandboxes of 1 CPU each (requests == limits)
+  local u=$S/pkg/kubelet/cadvisor/util.go
+  grep -q agentrl-dev-cluster "$u" && return 0
+  sed -i 's#int64(info.NumCores\*1000),#devNodeMilliCPU(info.NumCores), // agentrl-dev-cluster: upstream int64(info.NumCores*1000)#' "$u"
+  sed -i 's#^\tgoruntime "runtime"#\t"os"\n\t"strconv"\n\tgoruntime "runtime"#' "$u"
+  cat >> "$u" <<'GO'
+
+// devNodeMilliCPU is the node's CPU capacity in millicores; AGENTRL_DEV_NODE_CPUS overrides the core count
+// (agentrl-dev-cluster: a small machine may schedule more CPU requests than it has cores; each container keeps its
+// own CFS limit).
+func devNodeMilliCPU(cores int) int64 {
+	if v, err := strconv.Atoi(os.Getenv("AGENTRL_DEV_NODE_CPUS")); err == nil && v > 0 {
+		return int64(v * 1000)
+	}
+	return int64(cores * 1000)
+}
+GO
+  grep -q devNodeMilliCPU\(info "$u" || { log "node CPU patch did not apply"; exit 1; }
   rm -f "$P/bin/kubelet"
 }
 
@@ -91,5 +113,6 @@ build() {
 command -v go >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go >/dev/null; }
 fetch_source
 patch_kubelet
+patch_node_cpus
 replace_reflect2
 build "$@"

@@ -30,6 +30,7 @@ API_PORT=${AGENTRL_K8S_API_PORT:-6443}
 ETCD_PORT=${AGENTRL_K8S_ETCD_PORT:-12379}  # not 2379: a packaged etcd service may hold it
 KUBELET_PORT=${AGENTRL_K8S_KUBELET_PORT:-10250}
 POD_PIDS_LIMIT=${AGENTRL_K8S_POD_PIDS_LIMIT:-256}
+NODE_CPUS=${AGENTRL_K8S_NODE_CPUS:-16}  # CPU capacity the node reports (sandboxes request 1 CPU each by default)
 CGROUP_ROOT=/agentrl-k8s
 NODE=127.0.0.1  # node name, as upstream's hack/local-up-cluster.sh: the kubelet serves on loopback only
 SERVICE_CIDR=10.0.0.0/24
@@ -198,6 +199,7 @@ clusterDomain: cluster.local
 resolvConf: /etc/resolv.conf
 serializeImagePulls: false
 KY
+  export AGENTRL_DEV_NODE_CPUS=$NODE_CPUS
   start kubelet "$P/bin/kubelet" --config="$K/config.yaml" --kubeconfig="$C/kubelet.kubeconfig" \
     --hostname-override="$NODE" --root-dir="$K/root" --cert-dir="$K/pki" --volume-plugin-dir="$K/volume-plugins" \
     --container-runtime=docker --docker-endpoint="unix://$D/docker.sock" \
