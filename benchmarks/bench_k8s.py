@@ -11,6 +11,9 @@ Measures, with real agent processes behind the fake kubelet (so the data plane i
    backend would need K more calls (and a websocket upgrade each).
 
     .venv/bin/python benchmarks/bench_k8s.py [--workers 4] [--pool 32] [--latencies 0,0.005,0.02] [--quick]
+
+`--real` measures the same on a real cluster instead (KUBECONFIG; the dev cluster of k8s/dev-cluster, namespace
+agentrl with k8s/base applied, agentrl/python:latest loaded): see `bench_k8s_real.py`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 from typing import Any
 
 from agentrl.sandbox import Sandbox, SandboxSpec
-from agentrl.sandbox.k8s_pods import is_ready
+from agentrl.sandbox.kubernetes.pods import is_ready
 from agentrl.sandbox.kubernetes import KubernetesBackend
 from agentrl.testing.fake_k8s import FakeKubernetes
 from agentrl.testing.fake_kubelet import FakeKubelet
@@ -114,7 +117,13 @@ async def main() -> None:
     p.add_argument("--latencies", default="0,0.005,0.02")
     p.add_argument("--trajectories", type=int, default=6)
     p.add_argument("--quick", action="store_true")
-    a = p.parse_args()
+    p.add_argument("--real", action="store_true", help="on the cluster of $KUBECONFIG (see bench_k8s_real.py)")
+    a, rest = p.parse_known_args()
+    if a.real:
+        from bench_k8s_real import main as real_main
+
+        await real_main(rest)
+        return
     logging.basicConfig(level=logging.WARNING)
     latencies = [float(x) for x in a.latencies.split(",")]
     tool_calls = [1, 10, 50] if a.quick else [1, 10, 50, 200]

@@ -2,12 +2,17 @@
 
 `cluster` runs a test twice: against the fake API edge (`agentrl.testing.fake_k8s` + a fake kubelet that runs every
 sandbox pod as a real local agent process on its own loopback IP, so the data plane is real) in the default tier,
-and against a real cluster (pytest mark `k8s`) when KUBECONFIG is set. The real variant needs pod IPs reachable
-from the test process (run it in the cluster, or route the pod CIDR to the node, as k8s/e2e.sh does for kind), the
-manifests of k8s/base applied, and an image with python3 (AGENTRL_K8S_IMAGE, default agentrl/python:latest loaded
-into the cluster). Without KUBECONFIG it skips with the reason, or fails when AGENTRL_REQUIRE_K8S=1.
+and against a real cluster (pytest mark `k8s`) when KUBECONFIG is set. The real cluster is normally the dev cluster:
 
-`fake_cluster` is the fake alone, for tests that script failures the real server cannot be made to produce.
+    export KUBECONFIG=$(k8s/dev-cluster/up.sh | tail -1)
+    make test-k8s        # loads agentrl/python:latest into it, applies k8s/base, runs `pytest -m k8s tests/k8s`
+
+Any other cluster works when the test process reaches pod IPs, the manifests of k8s/base are applied, and an image
+with python3 is present (AGENTRL_K8S_IMAGE, default agentrl/python:latest). Without KUBECONFIG the real variants
+skip with the reason, or fail when AGENTRL_REQUIRE_K8S=1.
+
+`fake_cluster` is the fake alone, for tests that script failures the real server cannot be made to produce;
+`real_cluster` the real one alone, for what only a real kubelet does (TTL kills, cgroup limits, killed processes).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 import pytest
 
 from agentrl.sandbox import SandboxSpec
-from agentrl.sandbox.k8s_api import KubeApi, load_client_configuration
+from agentrl.sandbox.kubernetes.api import KubeApi, load_client_configuration
 from agentrl.sandbox.kubernetes import KubernetesBackend
 from agentrl.testing.fake_k8s import FakeKubernetes
 from agentrl.testing.fake_kubelet import FakeKubelet
@@ -75,7 +80,7 @@ class Cluster:
 
 def _real_problem() -> str | None:
     if not os.environ.get("KUBECONFIG"):
-        return "no Kubernetes cluster: set KUBECONFIG (e.g. k8s/e2e.sh creates a kind cluster)"
+        return "no Kubernetes cluster: set KUBECONFIG (export KUBECONFIG=$(k8s/dev-cluster/up.sh | tail -1))"
     try:
         import kubernetes  # noqa: F401
     except ImportError:
@@ -107,10 +112,21 @@ async def real_cluster() -> AsyncIterator[Cluster]:
     kube = KubeApi(load_client_configuration(None, None), threads=4)
     cluster = Cluster("real", kube, None)
     try:
+        await _check_namespace(kube)
         yield cluster
     finally:
         await cluster.cleanup()
         await kube.close()
+
+
+async def _check_namespace(kube: KubeApi) -> None:
+    from agentrl.sandbox.kubernetes.api import ApiError
+
+    try:
+        await kube.request("GET", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/agentrl-rollout")
+    except ApiError as e:
+        pytest.fail(f"namespace {NAMESPACE!r} is not set up on the cluster ({e}): kubectl apply -k k8s/base "
+                    "(make test-k8s does it)", pytrace=False)
 
 
 @pytest.fixture(params=["fake", pytest.param("real", marks=pytest.mark.k8s)])

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agentrl.sandbox import Sandbox
-from agentrl.sandbox.k8s_pods import Owner
+from agentrl.sandbox.kubernetes.pods import Owner
 from agentrl.testing.fake_kubelet import CLAIMS, TEMPLATES, WARMPOOLS, FakeAgentSandboxController
 
 pytestmark = pytest.mark.timeout(60)
@@ -69,8 +69,8 @@ def test_rendered_template_pod_spec_is_a_valid_pod() -> None:
     import kubernetes_validate
 
     from agentrl.sandbox import SandboxSpec
-    from agentrl.sandbox.k8s_claims import ClaimPlane
-    from agentrl.sandbox.k8s_pods import Owner as O, PodOptions
+    from agentrl.sandbox.kubernetes.claims import ClaimPlane
+    from agentrl.sandbox.kubernetes.pods import Owner as O, PodOptions
     from agentrl.sandbox.kubernetes import KubernetesSandboxConfig
 
     cfg = KubernetesSandboxConfig(control_plane="agent-sandbox", warm=4)

@@ -1,7 +1,8 @@
 """Failures the kubernetes backend must survive, scripted on the fake API edge: throttling and server errors on
 create (back-off, Retry-After, no duplicate pod when an answer is lost), killed workers (sweep by owner pod, by
 owner process, garbage collection by owner reference), TTLs (activeDeadlineSeconds, warm-pool recycling), broken
-and expired watches, and a pod deleted in the middle of a trajectory (infra_error, then a retry that succeeds)."""
+and expired watches, and a pod deleted in the middle of a trajectory (infra_error, then a retry that succeeds; this
+one also on a real cluster)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from agentrl.errors import SandboxDiedError, SandboxStartError
 from agentrl.sandbox import Sandbox
-from agentrl.sandbox.k8s_pods import Owner, is_ready
+from agentrl.sandbox.kubernetes.pods import Owner, is_ready
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -167,7 +168,7 @@ async def test_watch_survives_drops_and_expiry(fake_cluster: Any) -> None:
         await backend.destroy(h)
 
 
-async def test_claimed_pod_deleted_mid_trajectory_is_infra_error_then_retried(fake_cluster: Any,
+async def test_claimed_pod_deleted_mid_trajectory_is_infra_error_then_retried(cluster: Any,
                                                                             smollm2_tokenizer: Any) -> None:
     from agentrl.envs import get_env
     from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
@@ -188,17 +189,18 @@ async def test_claimed_pod_deleted_mid_trajectory_is_infra_error_then_retried(fa
 
         async def generate(self, input_ids: list[int], sampling: SamplingParams, *, session_id: str) -> Any:
             if not killed:  # the sandbox of the first attempt dies while the model "thinks"
-                pod = (await fake_cluster.pods("agentrl.io/state=claimed"))[0]["metadata"]["name"]
+                pod = (await cluster.pods("agentrl.io/state=claimed"))[0]["metadata"]["name"]
                 killed.append(pod)
-                await fake_cluster.delete_pod(pod)
+                await cluster.delete_pod(pod)
             return await inner.generate(input_ids, sampling, session_id=session_id)
 
-    backend = fake_cluster.backend(warm=1)
+    backend = cluster.backend(warm=1)
+    spec = env.sandbox_spec.model_copy(update={"cpus": 0.2, "memory": "256m"})  # fits a 2-core dev node twice
     rollout = Rollout(env=env, engine=KillOnFirstTurn(), renderer=ChatRenderer(smollm2_tokenizer),
                       sampling=SamplingParams(temperature=1.0, max_new_tokens=256,
                                               stop_token_ids=[smollm2_tokenizer.eos_token_id]),
                       budgets=Budgets(max_turns=3, max_completion_tokens=2048, context_window=4096))
-    async with SandboxPool(backend, env.sandbox_spec, max_sandboxes=2, run_id="retry-run") as pool:
+    async with SandboxPool(backend, spec, max_sandboxes=2, run_id="retry-run") as pool:
         sched = Scheduler(rollout, pool, SchedulerConfig(group_size=1, infra_retries=1))
         traj = await sched.run_one(task, group_id="g", sample_index=0)
     assert killed and traj.attempt == 1, "the first attempt must have failed as infra and been retried"

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from agentrl.errors import ConfigError
 from agentrl.sandbox import SandboxSpec
-from agentrl.sandbox.k8s_pods import (INIT_SCRIPT, L_EGRESS, L_ROLE, Owner, PodOptions, derive_token, label_value,
-                                      pod_spec, spec_hash)
-from agentrl.sandbox.k8s_pool import PodPool
+from agentrl.sandbox.kubernetes.pods import (INIT_SCRIPT, L_EGRESS, L_ROLE, Owner, PodOptions, derive_token,
+                                             label_value, pod_spec, spec_hash)
+from agentrl.sandbox.kubernetes.pool import PodPool
 from agentrl.sandbox.kubernetes import KubernetesSandboxConfig
 from agentrl.testing.fake_k8s import merge_patch
 
@@ -198,6 +198,14 @@ def test_label_values_are_sanitised() -> None:
         "terminated": {"reason": "Completed", "exitCode": 0}}}]}}, "exited:0"),
 ])
 def test_pod_death_cause(pod: dict | None, cause: str | None) -> None:
-    from agentrl.sandbox.k8s_pods import death_cause
+    from agentrl.sandbox.kubernetes.pods import death_cause
 
     assert death_cause(pod) == cause
+@pytest.mark.parametrize("cpus, pod_request", [(0.05, "50m"), (0.1, "100m"), (2.0, "2000m")])
+def test_the_pod_cpu_request_is_the_sandbox_cpus(cpus: float, pod_request: str) -> None:
+    # the scheduler reserves max(init container, containers): a small init container must not raise tiny sandboxes
+    pool = _pool(None, None, None, Owner(session="s", host="h", pid=1, pid_start="1"))
+    body = pod_spec(SandboxSpec(cpus=cpus), pool.opts, deadline_s=60)
+    init, main = body["initContainers"][0], body["containers"][0]
+    assert main["resources"]["requests"]["cpu"] == pod_request
+    assert int(init["resources"]["requests"]["cpu"].rstrip("m")) <= int(pod_request.rstrip("m"))

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from agentrl.sandbox import Sandbox
-from agentrl.sandbox.k8s_pods import is_ready
+from agentrl.sandbox.kubernetes.pods import is_ready
 from agentrl.testing.fake_kubelet import FakeAgentSandboxController
 
 K8S = Path(__file__).resolve().parents[2] / "k8s"

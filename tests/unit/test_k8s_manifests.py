@@ -17,7 +17,7 @@ import yaml
 from k8s_kustomize import render
 
 from agentrl.sandbox import SandboxSpec
-from agentrl.sandbox.k8s_pods import L_ROLE, ROLE
+from agentrl.sandbox.kubernetes.pods import L_ROLE, ROLE
 from agentrl.sandbox.kubernetes import KubernetesSandboxConfig
 
 K8S = Path(__file__).resolve().parents[2] / "k8s"

@@ -27,11 +27,11 @@ from typing import Any
 
 from agentrl.errors import SandboxStartError
 from agentrl.sandbox.base import SandboxSpec
-from agentrl.sandbox.k8s_api import ApiError, Informer, KubeApi, retrying
-from agentrl.sandbox.k8s_pods import (A_LABELS, CLAIMED, L_POOL, L_ROLE, L_RUN, L_STATE, MANAGED, MANAGED_BY, ROLE,
-                                      Obj, Owner, PodOptions, base_labels, pod_spec, run_id_of, should_remove,
-                                      spec_hash)
-from agentrl.sandbox.k8s_pool import Acquired, live_owner_uids
+from agentrl.sandbox.kubernetes.api import ApiError, Informer, KubeApi, retrying
+from agentrl.sandbox.kubernetes.pods import (A_LABELS, CLAIMED, L_POOL, L_ROLE, L_RUN, L_STATE, MANAGED,
+                                             MANAGED_BY, ROLE, Obj, Owner, PodOptions, base_labels, pod_spec,
+                                             run_id_of, should_remove, spec_hash)
+from agentrl.sandbox.kubernetes.pool import Acquired, live_owner_uids
 
 log = logging.getLogger("agentrl.sandbox")
 EXT_GROUP, CORE_GROUP = "extensions.agents.x-k8s.io", "agents.x-k8s.io"

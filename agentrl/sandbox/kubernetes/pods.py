@@ -251,6 +251,8 @@ def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
     }
     if opts.image_pull_policy:
         init["imagePullPolicy"] = main["imagePullPolicy"] = opts.image_pull_policy
+    if spec.cpus < 0.1:  # the init container never asks for more CPU than the sandbox (it would set the pod's request)
+        init["resources"] = _resources(cpu_quantity(spec.cpus), "64Mi", "16Mi")
     out: Obj = {
         "automountServiceAccountToken": False, "enableServiceLinks": False, "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 2, "activeDeadlineSeconds": int(deadline_s),

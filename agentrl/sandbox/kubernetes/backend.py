@@ -40,13 +40,13 @@ from agentrl.errors import (
 )
 from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
 from agentrl.sandbox.client import probe_health
-from agentrl.sandbox.k8s_api import (
+from agentrl.sandbox.kubernetes.api import (
     ApiError,
     KubeApi,
     load_client_configuration,
     retrying,
 )
-from agentrl.sandbox.k8s_pods import (
+from agentrl.sandbox.kubernetes.pods import (
     Owner,
     PodOptions,
     agent_configmap,
@@ -98,7 +98,9 @@ class KubernetesSandboxConfig(BaseModel):
     start_timeout_s: float = Field(default=300.0, gt=0)  # scheduling + image pull + agent up, per pod
     agent_port: int = Field(default=8765, ge=1, le=65535)
     runtime_class: str | None = None  # e.g. "gvisor" (k8s/components/gvisor)
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    # IfNotPresent: thousands of sandbox pods of one task image must not pull it each time (a moving tag needs
+    # Always, at a cold-start cost); None leaves it to Kubernetes (Always for :latest)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = "IfNotPresent"
     pod_template: dict[str, Any] | None = None  # PodTemplateSpec (metadata + spec): scheduling, pull secrets...
     key_secret: str = Field(default="agentrl-sandbox-key", pattern=_DNS_LABEL)
     delete_grace_s: int = Field(default=1, ge=0)
@@ -129,7 +131,7 @@ class KubernetesBackend:
         self.config = config or KubernetesSandboxConfig(**fields)
         self._api_host = api_host
         self.owner = owner or Owner.from_env(secrets.token_hex(6))
-        self._agent_file = Path(agent_file) if agent_file is not None else Path(__file__).with_name("agent.py")
+        self._agent_file = Path(agent_file) if agent_file is not None else Path(__file__).parent.parent / "agent.py"
         self.api: KubeApi | None = None
         self.plane: Any = None
         self._key = b""
@@ -167,11 +169,11 @@ class KubernetesBackend:
                           runtime_class=c.runtime_class, image_pull_policy=c.image_pull_policy,
                           template=c.pod_template)
         if c.control_plane == "pods":
-            from agentrl.sandbox.k8s_pool import PodPool
+            from agentrl.sandbox.kubernetes.pool import PodPool
 
             self.plane = PodPool(self.api, c, opts, self.owner)
         else:
-            from agentrl.sandbox.k8s_claims import ClaimPlane
+            from agentrl.sandbox.kubernetes.claims import ClaimPlane
 
             self.plane = ClaimPlane(self.api, c, opts, self.owner)
 
