@@ -353,7 +353,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="a < 1 minute smoke run (2 tasks x 4, 2 tools, 1 rep)")
     args = p.parse_args(argv)
     if args.quick:
-        args.tasks, args.group, args.tools, args.p50, args.reps, args.think = 2, 4, 2, 0.02, 1, 8
+        args.tasks, args.group, args.tools, args.p50, args.reps, args.think = 2, 4, 2, 0.1, 1, 8
     return args
 
 
