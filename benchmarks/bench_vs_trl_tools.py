@@ -286,7 +286,7 @@ class TrlSide:
 
 
 # ----------------------------------------------------------------------------------------------- the run
-def check_same_work(name: str, lat: Latencies, args: argparse.Namespace) -> float:
+def check_same_work(name: str, lat: Latencies) -> float:
     """Both sides must sleep through exactly the table's latencies (else the comparison is void)."""
     expected = sorted(x for v in lat.table.values() for x in v)
     if sorted(lat.slept) != expected:
@@ -314,10 +314,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         runs: dict[str, list[float]] = {"trl": [], "agentrl": []}
         for rep in range(args.reps):
             s, _ = trl.step()
-            check_same_work("TRL", lat, args)
+            check_same_work("TRL", lat)
             runs["trl"].append(s)
             s, trajs = ours.step()
-            check_same_work("agentrl", lat, args)
+            check_same_work("agentrl", lat)
             agentrl_turn_check(trajs, args)
             runs["agentrl"].append(s)
             print(f"rep {rep}: trl {runs['trl'][-1]:.2f} s  agentrl {s:.2f} s", file=sys.stderr)
@@ -325,7 +325,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     tool_bound = lat.serial_bound_s()
     bound = tool_bound + solo
     trl_s, ours_s = statistics.median(runs["trl"]), statistics.median(runs["agentrl"])
-    return {"config": {k: v for k, v in vars(args).items()}, "rollouts": args.tasks * args.group,
+    return {"config": dict(vars(args)), "rollouts": args.tasks * args.group,
             "latency_p99_over_p50": {"distribution": round(math.exp(2.3263 * SIGMA), 1),
                                      "drawn": round(lat.ratio_p99_p50(), 1)},
             "latency_sum_s": round(sum(x for v in lat.table.values() for x in v), 2),
