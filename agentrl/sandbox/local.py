@@ -282,13 +282,15 @@ class LocalBackend:
         user could not traverse: with uid separation they are created 0755 first (in the read-only root)."""
         if not self.uid_separated:
             return []
-        covered = ("/tmp", WORKSPACE, "/dev", "/proc", AGENT_DIR, *SYSTEM_DIRS)
-        out: list[str] = []
+        covered = ("/dev", "/proc", AGENT_DIR, *SYSTEM_DIRS)  # mounted whole: nothing is created inside them
+        tmpfs_roots = ("/tmp", WORKSPACE)  # fresh tmpfs mounts: only their subdirectories are created (e.g. a venv
+        out: list[str] = []                # under /tmp, whose parents bwrap would otherwise make 0700)
         for target in targets:
             for parent in reversed(Path(target).parents[:-1] if len(Path(target).parents) > 1 else ()):
                 name = str(parent)
-                if name not in out and not any(name == c or name.startswith(c + "/") for c in covered):
-                    out.append(name)
+                if name in out or name in tmpfs_roots or any(name == c or name.startswith(c + "/") for c in covered):
+                    continue
+                out.append(name)
         return out
 
     def _interpreter_binds(self) -> tuple[str, ...]:
