@@ -52,9 +52,18 @@ def make_pool(backend: str, spec: SandboxSpec, *, warm: int, max_sandboxes: int,
                        unsafe_no_isolation=unsafe_no_isolation, backend_options=backend_options, **pool_options)
 
 
-def pool_from_config(cfg: RolloutConfig, spec: SandboxSpec, run_id: str) -> Any:
+def env_backend_options(backend: str, env: Env | None) -> dict[str, Any]:
+    """Backend options an env asks for: on the local backend, the host paths its sandboxes must see read-only
+    (`env.ro_binds()`, e.g. repo_fix's per-package test venvs)."""
+    ro_binds = getattr(env, "ro_binds", None)
+    if backend == "local" and callable(ro_binds):
+        return {"ro_binds": list(ro_binds())}
+    return {}
+
+
+def pool_from_config(cfg: RolloutConfig, spec: SandboxSpec, run_id: str, env: Env | None = None) -> Any:
     b, s = cfg.sandbox.backend, cfg.sandbox
-    opts: dict[str, Any] = {}
+    opts: dict[str, Any] = env_backend_options(b.type, env)
     if b.type == "docker" and b.docker_host:
         opts["docker_host"] = b.docker_host
     if b.type == "kubernetes":
@@ -214,7 +223,7 @@ async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: An
             "agentrl_version": agentrl.__version__,
             "env_options": dict(cfg.env_options), "sandbox_spec": spec.model_dump()}
     backend = cfg.sandbox.backend.type
-    pool = pool_from_config(cfg, spec, uuid.uuid4().hex[:12])
+    pool = pool_from_config(cfg, spec, uuid.uuid4().hex[:12], env)
     scorer = make_scorer(cfg.reward, env, todo)
     sched = Scheduler(rollout, pool, SchedulerConfig.from_config(cfg), meta=meta, scorer=scorer)
     console.print(f"rollout: env {env.name}, {len(todo)} tasks x {cfg.group_size} samples, model {model_path.name}, "
@@ -251,7 +260,8 @@ async def check_env(name: str, *, solutions: Path | None, backend: str, json_out
     todo = select_tasks(env, tasks, [])
     given = _load_solutions(solutions) if solutions else None
     pool = make_pool(backend, env.sandbox_spec, warm=min(concurrency, 4), max_sandboxes=concurrency,
-                     run_id=uuid.uuid4().hex[:12], unsafe_no_isolation=unsafe_no_isolation)
+                     run_id=uuid.uuid4().hex[:12], unsafe_no_isolation=unsafe_no_isolation,
+                     backend_options=env_backend_options(backend, env))
     sem = asyncio.Semaphore(concurrency)
 
     async def one(task: Task) -> tuple[Task, TestReport]:
