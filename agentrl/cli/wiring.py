@@ -263,18 +263,41 @@ async def check_env(name: str, *, solutions: Path | None, backend: str, json_out
                      run_id=uuid.uuid4().hex[:12], unsafe_no_isolation=unsafe_no_isolation,
                      backend_options=env_backend_options(backend, env))
     sem = asyncio.Semaphore(concurrency)
+    # an env may list extra solutions with a required verdict (e.g. a no-op and a test-only patch must fail); those
+    # envs also get the reference scored twice, and the two reports must agree
+    check_cases = getattr(env, "check_cases", None) if given is None else None
+
+    async def score(task: Task, solution: str) -> TestReport:
+        async with sem:
+            try:
+                async with pool.lease() as sb:
+                    return await env.score_solution(sb, task, solution)
+            except Exception as exc:  # noqa: BLE001 - e.g. the solution killed its sandbox: score 0, check the rest
+                reason = f"the sandbox broke while scoring this solution: {type(exc).__name__}: {exc}"
+                return TestReport(passed=0, total=0, error=reason[:500])
+
+    async def case_problems(task: Task, solution: str, first: TestReport) -> list[str]:
+        problems = []
+        for label, case, must_pass in check_cases(task):
+            r = await score(task, case)
+            ok = bool(r.total) and r.passed == r.total
+            if ok != must_pass:
+                problems.append(f"the {label} {'passed' if ok else 'failed'} (it must {'pass' if must_pass else 'fail'})")
+        again = await score(task, solution)
+        if [(o.name, o.passed) for o in again.outcomes] != [(o.name, o.passed) for o in first.outcomes]:
+            problems.append("a second run of the reference gave a different report")
+        return problems
 
     async def one(task: Task) -> tuple[Task, TestReport]:
         solution = given.get(task.id) if given is not None else env.reference_solution(task)
         if solution is None:
             return task, TestReport(passed=0, total=0, error="no solution given")
-        async with sem:
-            try:
-                async with pool.lease() as sb:
-                    return task, await env.score_solution(sb, task, solution)
-            except Exception as exc:  # noqa: BLE001 - e.g. the solution killed its sandbox: score 0, check the rest
-                reason = f"the sandbox broke while scoring this solution: {type(exc).__name__}: {exc}"
-                return task, TestReport(passed=0, total=0, error=reason[:500])
+        report = await score(task, solution)
+        if check_cases is not None and report.error is None:
+            problems = await case_problems(task, solution, report)
+            if problems:
+                report = report.model_copy(update={"passed": 0, "error": "; ".join(problems)})
+        return task, report
 
     results: list[tuple[Task, TestReport]] = []
     async with pool:

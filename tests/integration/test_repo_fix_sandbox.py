@@ -173,3 +173,18 @@ async def test_scripted_episode_through_the_runner_earns_reward_one(env: RepoFix
     assert "passed" in traj.turns[3].tool_results[0].output
     assert traj.reward == 1.0, traj.tests
     assert traj.solution and f"a/{path}" in traj.solution
+
+
+async def test_envs_check_runs_reference_noop_test_only_and_a_repeat(env: RepoFixEnv, tmp_path: Any,
+                                                                     capsys: Any) -> None:
+    from agentrl.cli.wiring import check_env
+
+    out = tmp_path / "check.json"
+    rc = await check_env("repo_fix", solutions=None, backend="local", json_out=out, options={"packages": [PACKAGE]},
+                         tasks=1, concurrency=1)
+    assert rc == 0, capsys.readouterr().out
+    (row,) = json.loads(out.read_text())
+    assert (row["passed"], row["total"], row["error"]) == (1, 1, None)
+    cases = env.check_cases(env.tasks()[0])
+    assert [(label, must) for label, _, must in cases] == [("no-op patch", False), ("test-only patch", False)]
+    assert cases[1][1].count("diff --git") >= 1 and "test_inflection.py" in cases[1][1]

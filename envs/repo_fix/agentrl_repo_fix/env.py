@@ -189,3 +189,11 @@ class RepoFixEnv(Env):
     def time_needs(self) -> dict[str, float]:
         io = 4 * grading.TAR_TIMEOUT_S  # pack (finalize, solution) + unpack + cleanup, each bounded; reads are fast
         return {"tool_call": self.config.bash_timeout_s + 15.0, "finalize": self.config.grade_timeout_s + io}
+
+    def check_cases(self, task: Task) -> list[tuple[str, str, bool]]:
+        """`agentrl envs check` also requires: a no-op patch fails, and a patch that only edits tests (every test
+        file emptied) fails."""
+        buggy = self.buggy(task.data)
+        tests = list(task.data["tests"])
+        emptied = {p: (b"" if grading.protected(p, tests) == "test file" else data) for p, data in buggy.items()}
+        return [("no-op patch", "", False), ("test-only patch", trees.diff(buggy, emptied), False)]
