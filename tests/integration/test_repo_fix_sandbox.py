@@ -188,3 +188,19 @@ async def test_envs_check_runs_reference_noop_test_only_and_a_repeat(env: RepoFi
     cases = env.check_cases(env.tasks()[0])
     assert [(label, must) for label, _, must in cases] == [("no-op patch", False), ("test-only patch", False)]
     assert cases[1][1].count("diff --git") >= 1 and "test_inflection.py" in cases[1][1]
+
+
+async def test_a_fix_that_patches_pytest_scores_zero(env: RepoFixEnv) -> None:
+    task = env.tasks()[0]
+    path = str(task.data["file"])
+    forge = ("\nimport _pytest.reports as _r\n_r.TestReport.passed = property(lambda self: True)\n")
+    buggy = env.buggy(task.data)
+    patch = trees_diff(buggy, {**buggy, path: buggy[path] + forge.encode()})
+    report = await _score(env, task, patch)
+    assert report.passed == 0 and "test harness" in (report.error or "")
+
+
+def trees_diff(old: Any, new: Any) -> str:
+    from agentrl_repo_fix import trees
+
+    return trees.diff(old, new)

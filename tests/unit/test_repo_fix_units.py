@@ -181,3 +181,14 @@ def test_committed_tasks_are_valid_and_split_by_package() -> None:
     assert all(len(s) == 1 for s in splits.values())  # a package is in train or eval, never both
     assert {r["id"] for r in RepoFixEnv(split="train").rows()} <= {r["id"] for r in rows}
     assert env.time_needs()["finalize"] <= 300 and env.time_needs()["tool_call"] <= 120  # the default budgets
+
+
+def test_changes_that_reach_into_the_test_harness_are_flagged() -> None:
+    from agentrl_repo_fix.grading import harness_markers
+
+    buggy = {"pkg/a.py": b"import os\nx = 1\n"}
+    assert harness_markers(buggy, {"pkg/a.py": b"import os\nx = 2\n"}) == []
+    assert harness_markers(buggy, {"pkg/a.py": b"import os\nimport _pytest.junitxml as j\nx = 1\n"}) == \
+        ["pkg/a.py: pytest", "pkg/a.py: junit"]
+    assert harness_markers(buggy, {"pkg/a.py": buggy["pkg/a.py"], "pkg/b.py": b"os._exit(0)\n"}) == \
+        ["pkg/b.py: os._exit"]

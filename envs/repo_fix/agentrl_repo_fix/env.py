@@ -25,6 +25,7 @@ from agentrl_repo_fix import grading, trees
 from agentrl_repo_fix.build import TASK_FORMAT
 from agentrl_repo_fix.config import REPO, SYSTEM_PROMPT, TOOLS, parse_options
 from agentrl_repo_fix.lockfile import default_cache_dir
+from agentrl_repo_fix.testrun import node_id
 from agentrl_repo_fix.tools import run_bash, run_editor
 
 SETUP_TIMEOUT_S = 60.0
@@ -51,14 +52,14 @@ def load_tasks(path: Path, split: str, packages: list[str]) -> list[dict[str, An
     return out
 
 
-def task_prompt(row: dict[str, Any]) -> str:
-    f2p = row["fail_to_pass"]
+def task_prompt(row: dict[str, Any], files: set[str]) -> str:
+    f2p = [node_id(t, files) for t in row["fail_to_pass"]]
     shown = "\n".join(f"  - {t}" for t in f2p[:PROMPT_TESTS])
     more = f"\n  ... and {len(f2p) - PROMPT_TESTS} more" if len(f2p) > PROMPT_TESTS else ""
     first = f2p[0]
-    message = row.get("failure_messages", {}).get(first, "")
-    return (f"The repository at {REPO} ({row['package']} {row['version']}) has a bug: these tests fail "
-            f"(JUnit ids, module::test):\n{shown}{more}\n\nFailure of {first} (trimmed):\n{message}\n\n"
+    message = row.get("failure_messages", {}).get(row["fail_to_pass"][0], "")
+    return (f"The repository at {REPO} ({row['package']} {row['version']}) has a bug: these tests fail:\n"
+            f"{shown}{more}\n\nFailure of {first} (trimmed):\n{message}\n\n"
             f"Run the tests from {REPO} with: python -m pytest {' '.join(row['tests'])}\n"
             "Fix the bug in the package's source code, then call submit.")
 
@@ -87,7 +88,12 @@ class RepoFixEnv(Env):
         return self._rows
 
     def tasks(self) -> list[Task]:
-        return [Task(id=row["id"], prompt=task_prompt(row), data=row) for row in self.rows()]
+        return [Task(id=row["id"], prompt=task_prompt(row, self._files(row)), data=row) for row in self.rows()]
+
+    def _files(self, row: dict[str, Any]) -> set[str]:
+        """The file names of the task's repository (from the bug diff's sdist when cached, else none)."""
+        sdist = self.cache / "sdists" / f"{row['package']}-{row['version']}.tar.gz"
+        return set(self.buggy(row)) if sdist.exists() else set()
 
     def venv(self, row: Any) -> Path:
         path = self.cache / "venvs" / f"{row['package']}-{row['version']}"
@@ -145,6 +151,10 @@ class RepoFixEnv(Env):
             return self.failed_report(task, str(exc))
         graded, dropped = grading.merge(self.buggy(task.data), agent, list(task.data["tests"]))
         dropped.update({p: "not a regular file" for p in skipped})
+        markers = grading.harness_markers(self.buggy(task.data), graded)
+        if markers:
+            return self.failed_report(task, "the kept changes reach into the test harness (scored 0): "
+                                      + ", ".join(markers))
         report = await grading.run_graded(sandbox, dict(task.data), graded, str(self.venv(task.data)),
                                           timeout_s=self.config.grade_timeout_s)
         if dropped:

@@ -66,6 +66,23 @@ def merge(buggy: trees.Tree, agent: trees.Tree, test_paths: list[str]) -> tuple[
     return graded, dropped
 
 
+HARNESS_MARKERS = (b"pytest", b"junit", b"pluggy", b"settrace", b"setprofile", b"os._exit", b"faulthandler")
+
+
+def harness_markers(buggy: trees.Tree, graded: trees.Tree) -> list[str]:
+    """`path: marker` for every added line of the kept changes that names the test harness. The agent's source runs
+    in-process with pytest, so a "fix" that reaches into pytest could forge the report; such a change scores 0.
+    A speed bump, not a proof (an obfuscated reference passes): see docs/envs/repo_fix.md."""
+    found = []
+    for path in sorted(graded):
+        old = set(buggy.get(path, b"").splitlines())
+        added = [ln for ln in graded[path].splitlines() if ln not in old]
+        for marker in HARNESS_MARKERS:
+            if any(marker in ln.lower() for ln in added):
+                found.append(f"{path}: {marker.decode()}")
+    return found
+
+
 class PolicyBrokeRepo(Exception):
     """What the policy left cannot be read as a repository (a task-level failure, scored 0)."""
 

@@ -69,3 +69,15 @@ def trim_message(text: str, limit: int = MESSAGE_CHARS) -> str:
     """The end of a failure text (the assertion and its values are at the end), at most `limit` characters."""
     text = text.strip()
     return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def node_id(test_id: str, files: set[str] | dict[str, bytes]) -> str:
+    """The pytest node id of a JUnit id (`pkg.tests.test_x.Class::name` -> `pkg/tests/test_x.py::Class::name`)
+    when the module is one of `files`, else the JUnit id unchanged."""
+    classname, _, name = test_id.partition("::")
+    parts = classname.split(".")
+    for cut in range(len(parts), 0, -1):
+        path = "/".join(parts[:cut]) + ".py"
+        if path in files:
+            return "::".join([path, *parts[cut:], name])
+    return test_id
