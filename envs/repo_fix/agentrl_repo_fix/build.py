@@ -29,6 +29,8 @@ MIN_BASELINE_PASS = 0.95
 MAX_FAIL_FRACTION = 0.20
 SUITE_TIMEOUT_S = 300.0
 PER_TEST_TIMEOUT_S = 20.0
+MUTANT_TIMEOUT_FACTOR = 10.0  # a mutant's suite may take this many times the pristine suite (min below), else rejected
+MUTANT_TIMEOUT_MIN_S = 60.0
 _ADDR = re.compile(r"0x[0-9a-fA-F]{6,}")
 _DURATION = re.compile(r"\d+\.\d+s\b")
 
@@ -126,7 +128,7 @@ def _stable_msg(text: str) -> str:
 
 
 def validate(pristine: trees.Tree, buggy: trees.Tree, pkg: Package, venv: Path, stable: list[str],
-             excluded: list[str]) -> tuple[dict | None, str]:
+             excluded: list[str], *, timeout_s: float = SUITE_TIMEOUT_S) -> tuple[dict | None, str]:
     """(task fields, "ok") for a valid bug, else (None, the reason it was rejected)."""
     bug_diff = trees.diff(pristine, buggy)
     try:
@@ -136,7 +138,7 @@ def validate(pristine: trees.Tree, buggy: trees.Tree, pkg: Package, venv: Path, 
         return None, "reverse_mismatch"
     results = []
     for _ in range(2):
-        result, _, timed_out = run_suite(buggy, pkg, venv)
+        result, _, timed_out = run_suite(buggy, pkg, venv, timeout_s=timeout_s)
         if timed_out:
             return None, "timeout"
         if result.error:
@@ -177,7 +179,8 @@ def build_package(lock: Lockfile, pkg: Package, cache: Path, *, seed: int, max_t
         buggy = dict(pristine)
         buggy[name] = mutate.apply(pristine[name], m)
         report.tried += 1
-        fields, why = validate(pristine, buggy, pkg, venv, stable, excluded)
+        fields, why = validate(pristine, buggy, pkg, venv, stable, excluded,
+                               timeout_s=max(MUTANT_TIMEOUT_MIN_S, MUTANT_TIMEOUT_FACTOR * report.baseline_s))
         if fields is None or fields["bug_diff"] in seen_diffs:
             why = why if fields is None else "duplicate"
             report.rejected[why] = report.rejected.get(why, 0) + 1

@@ -155,8 +155,11 @@ class RepoFixEnv(Env):
         if markers:
             return self.failed_report(task, "the kept changes reach into the test harness (scored 0): "
                                       + ", ".join(markers))
-        report = await grading.run_graded(sandbox, dict(task.data), graded, str(self.venv(task.data)),
-                                          timeout_s=self.config.grade_timeout_s)
+        try:
+            report = await grading.run_graded(sandbox, dict(task.data), graded, str(self.venv(task.data)),
+                                              timeout_s=self.config.grade_timeout_s)
+        except grading.PolicyBrokeRepo as exc:  # e.g. the policy filled the workspace: its episode, scored 0
+            return self.failed_report(task, str(exc))
         if dropped:
             first = report.outcomes[0]
             note = "; dropped changes: " + ", ".join(f"{p} ({why})" for p, why in sorted(dropped.items()))
