@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agentrl.errors import ConfigError
 from agentrl.types import ToolSpec
@@ -25,6 +25,11 @@ class RepoFixOptions(BaseModel):
     output_chars: int = Field(default=8000, ge=500)  # a tool's output: head + tail kept, the middle cut
     bash_timeout_s: float = Field(default=60.0, gt=0)
     grade_timeout_s: float = Field(default=150.0, gt=0)  # the whole graded suite run
+
+    @field_validator("packages", mode="before")
+    @classmethod
+    def _comma_list(cls, v: Any) -> Any:
+        return [p.strip() for p in v.split(",") if p.strip()] if isinstance(v, str) else v
 
 
 def parse_options(options: dict[str, Any]) -> RepoFixOptions:
