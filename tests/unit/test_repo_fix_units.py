@@ -192,3 +192,16 @@ def test_changes_that_reach_into_the_test_harness_are_flagged() -> None:
         ["pkg/a.py: pytest", "pkg/a.py: junit"]
     assert harness_markers(buggy, {"pkg/a.py": buggy["pkg/a.py"], "pkg/b.py": b"os._exit(0)\n"}) == \
         ["pkg/b.py: os._exit"]
+
+
+def test_local_backend_gets_the_envs_read_only_binds() -> None:
+    from agentrl.cli.wiring import env_backend_options
+
+    class WithBinds:
+        def ro_binds(self) -> list[str]:
+            return ["/opt/venv-a"]
+
+    assert env_backend_options("local", WithBinds()) == {"ro_binds": ["/opt/venv-a"]}  # type: ignore[arg-type]
+    assert env_backend_options("docker", WithBinds()) == {}  # type: ignore[arg-type]
+    assert env_backend_options("local", object()) == {}  # type: ignore[arg-type]
+    assert env_backend_options("local", None) == {}
