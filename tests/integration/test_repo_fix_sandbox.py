@@ -204,3 +204,50 @@ def trees_diff(old: Any, new: Any) -> str:
     from agentrl_repo_fix import trees
 
     return trees.diff(old, new)
+
+
+PLANT = r"""
+cat > conftest.py <<'PY'
+import pytest
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    rep.outcome = "passed"
+PY
+mkdir -p tests_extra && cp conftest.py tests_extra/
+SITE=$HOME/.local/lib/python3.11/site-packages; mkdir -p $SITE
+printf 'import _forge\n' > $SITE/evil.pth
+printf 'import _pytest.reports as r\nr.TestReport.passed = property(lambda s: True)\n' > $SITE/_forge.py
+cp $SITE/evil.pth /tmp/evil.pth 2>/dev/null; cp $SITE/_forge.py /tmp/sitecustomize.py
+printf 'import _forge\n' > sitecustomize.py
+ln -s /etc/hostname linked_file
+echo planted
+"""
+
+
+async def test_planted_hooks_neither_forge_a_pass_nor_break_an_honest_fix(env: RepoFixEnv) -> None:
+    """conftest hooks, a user-site .pth, sitecustomize and a symlink planted by the policy: a buggy repo still scores
+    0 (the plants are dropped or never loaded) and the reference fix among the same plants still scores 1."""
+    task = env.tasks()[0]
+    path, old, new = _edit_from_reference(str(task.data["reference_diff"]))
+    for fix in (False, True):
+        async with _pool(env) as pool, pool.lease() as sb:
+            await env.setup(sb, task)
+            r = await env.call_tool(sb, ToolCall(id="p", name="bash", arguments={"command": PLANT}), task=task)
+            assert "planted" in r.output, r.output
+            # the conftest really forges a pass when the policy itself runs the tests
+            r = await env.call_tool(sb, ToolCall(id="t", name="bash", arguments={
+                "command": f"python -m pytest -q {' '.join(task.data['tests'])} 2>&1 | tail -1"}), task=task)
+            assert "failed" not in r.output, r.output
+            if fix:
+                e = await env.call_tool(sb, ToolCall(id="e", name="str_replace_editor", arguments={
+                    "command": "str_replace", "path": path, "old_str": old, "new_str": new}), task=task)
+                assert e.error is None, e.output
+            report = await env.finalize(sb, task)
+            solution = await env.solution(sb, task) or ""
+        assert report.passed == int(fix), report.outcomes[:3]
+        message = report.outcomes[0].message
+        for dropped in ("conftest.py (test/build configuration)", "sitecustomize.py (test/build configuration)",
+                        "tests_extra/conftest.py (test/build configuration)", "linked_file (not a regular file)"):
+            assert dropped in message and f"# dropped before grading: {dropped}" in solution, (dropped, message)
