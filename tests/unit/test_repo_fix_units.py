@@ -205,3 +205,13 @@ def test_local_backend_gets_the_envs_read_only_binds() -> None:
     assert env_backend_options("docker", WithBinds()) == {}  # type: ignore[arg-type]
     assert env_backend_options("local", object()) == {}  # type: ignore[arg-type]
     assert env_backend_options("local", None) == {}
+
+
+def test_a_cached_sdist_with_the_wrong_hash_is_refused(tmp_path: Path) -> None:
+    from agentrl_repo_fix.lockfile import fetch_sdist
+
+    (pkg,) = load_lockfile().select(["inflection"])
+    (tmp_path / "sdists").mkdir()
+    (tmp_path / "sdists" / f"{pkg.key}.tar.gz").write_bytes(b"tampered")
+    with pytest.raises(ConfigError, match="sha256 .* != lockfile's"):
+        fetch_sdist(pkg, tmp_path)

@@ -11,11 +11,14 @@ Cache layout (`cache_dir`, default ~/.cache/agentrl/repo_fix):
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -90,8 +93,25 @@ def _pip(*args: str) -> None:
         raise ConfigError(f"pip {' '.join(args[:2])} failed: {proc.stderr.strip()[-1500:]}")
 
 
+@contextlib.contextmanager
+def _locked(cache: Path, name: str) -> Iterator[None]:
+    """An exclusive lock on one cache entry (two processes filling it at once would clash)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f".{name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def fetch_sdist(pkg: Package, cache: Path) -> Path:
     """The package's sdist in the cache, downloaded (hash-checked) when missing; the hash is re-checked every time."""
+    with _locked(cache, f"sdist-{pkg.key}"):
+        return _fetch_sdist(pkg, cache)
+
+
+def _fetch_sdist(pkg: Package, cache: Path) -> Path:
     target = cache / "sdists" / f"{pkg.key}.tar.gz"
     if not target.exists():
         tmp = cache / "sdists" / f".dl-{pkg.key}"
@@ -111,6 +131,11 @@ def fetch_sdist(pkg: Package, cache: Path) -> Path:
 
 def ensure_venv(lock: Lockfile, pkg: Package, cache: Path, *, python: str = SANDBOX_PYTHON) -> Path:
     """The package's test venv (created from the sandbox's interpreter, test deps from the wheel cache)."""
+    with _locked(cache, f"venv-{pkg.key}"):
+        return _ensure_venv(lock, pkg, cache, python)
+
+
+def _ensure_venv(lock: Lockfile, pkg: Package, cache: Path, python: str) -> Path:
     venv = cache / "venvs" / pkg.key
     stamp = venv / ".agentrl-ready"
     deps = lock.deps(pkg)
