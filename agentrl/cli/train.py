@@ -113,11 +113,11 @@ def _meta(cfg: Any, model_path: Path, engine: Any) -> dict[str, Any]:
             "config_hash": hashlib.sha256(cfg.model_dump_json(exclude={"output_dir"}).encode()).hexdigest()[:16]}
 
 
-def _pool_for(cfg: Any) -> Any:
+def _pool_for(cfg: Any, env: Any = None) -> Any:
     from agentrl.cli.wiring import pool_from_config
 
     spec = cfg.sandbox.spec.model_copy(update={"default_timeout_s": cfg.budgets.tool_timeout_s})
-    return pool_from_config(cfg.rollout_config(), spec, uuid.uuid4().hex[:12])
+    return pool_from_config(cfg.rollout_config(), spec, uuid.uuid4().hex[:12], env)
 
 
 def run_train(cfg: Any, *, resume: bool = False) -> Any:
@@ -135,7 +135,7 @@ def run_train(cfg: Any, *, resume: bool = False) -> Any:
     engine, tokenizer, model_path = make_engine_and_tokenizer(cfg.rollout_config())
     try:
         parts = JobParts(env=env, tasks=tasks, engine=engine, tokenizer=tokenizer, model_path=model_path,
-                         renderer=_renderer(env, tokenizer), pool=_pool_for(cfg), eval_tasks=eval_tasks,
+                         renderer=_renderer(env, tokenizer), pool=_pool_for(cfg, env), eval_tasks=eval_tasks,
                          meta=_meta(cfg, model_path, engine), scorer=make_scorer(cfg.reward, env),
                          snapshot_tasks=snapshot_tasks)
         return Job(cfg, parts, resume=resume, echo=lambda line: print(line, flush=True)).run()
@@ -231,7 +231,7 @@ async def run_eval(cfg: Any, candidate: Path, baseline: Path | None, out: Path) 
     tasks = select_tasks(env, cfg.eval.tasks, cfg.eval.task_ids)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
-    async with _pool_for(cfg) as pool:
+    async with _pool_for(cfg, env) as pool:
         for label, path in (("baseline", baseline), ("candidate", candidate)):
             if path is not None:
                 results[label] = await _eval_one(cfg, env, tasks, path, pool, label, out)

@@ -52,9 +52,18 @@ def make_pool(backend: str, spec: SandboxSpec, *, warm: int, max_sandboxes: int,
                        unsafe_no_isolation=unsafe_no_isolation, backend_options=backend_options, **pool_options)
 
 
-def pool_from_config(cfg: RolloutConfig, spec: SandboxSpec, run_id: str) -> Any:
+def env_backend_options(backend: str, env: Env | None) -> dict[str, Any]:
+    """Backend options an env asks for: on the local backend, the host paths its sandboxes must see read-only
+    (`env.ro_binds()`, e.g. repo_fix's per-package test venvs)."""
+    ro_binds = getattr(env, "ro_binds", None)
+    if backend == "local" and callable(ro_binds):
+        return {"ro_binds": list(ro_binds())}
+    return {}
+
+
+def pool_from_config(cfg: RolloutConfig, spec: SandboxSpec, run_id: str, env: Env | None = None) -> Any:
     b, s = cfg.sandbox.backend, cfg.sandbox
-    opts: dict[str, Any] = {}
+    opts: dict[str, Any] = env_backend_options(b.type, env)
     if b.type == "docker" and b.docker_host:
         opts["docker_host"] = b.docker_host
     if b.type == "kubernetes":
@@ -214,7 +223,7 @@ async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: An
             "agentrl_version": agentrl.__version__,
             "env_options": dict(cfg.env_options), "sandbox_spec": spec.model_dump()}
     backend = cfg.sandbox.backend.type
-    pool = pool_from_config(cfg, spec, uuid.uuid4().hex[:12])
+    pool = pool_from_config(cfg, spec, uuid.uuid4().hex[:12], env)
     scorer = make_scorer(cfg.reward, env, todo)
     sched = Scheduler(rollout, pool, SchedulerConfig.from_config(cfg), meta=meta, scorer=scorer)
     console.print(f"rollout: env {env.name}, {len(todo)} tasks x {cfg.group_size} samples, model {model_path.name}, "
@@ -251,20 +260,44 @@ async def check_env(name: str, *, solutions: Path | None, backend: str, json_out
     todo = select_tasks(env, tasks, [])
     given = _load_solutions(solutions) if solutions else None
     pool = make_pool(backend, env.sandbox_spec, warm=min(concurrency, 4), max_sandboxes=concurrency,
-                     run_id=uuid.uuid4().hex[:12], unsafe_no_isolation=unsafe_no_isolation)
+                     run_id=uuid.uuid4().hex[:12], unsafe_no_isolation=unsafe_no_isolation,
+                     backend_options=env_backend_options(backend, env))
     sem = asyncio.Semaphore(concurrency)
+    # an env may list extra solutions with a required verdict (e.g. a no-op and a test-only patch must fail); those
+    # envs also get the reference scored twice, and the two reports must agree
+    check_cases = getattr(env, "check_cases", None) if given is None else None
+
+    async def score(task: Task, solution: str) -> TestReport:
+        async with sem:
+            try:
+                async with pool.lease() as sb:
+                    return await env.score_solution(sb, task, solution)
+            except Exception as exc:  # noqa: BLE001 - e.g. the solution killed its sandbox: score 0, check the rest
+                reason = f"the sandbox broke while scoring this solution: {type(exc).__name__}: {exc}"
+                return TestReport(passed=0, total=0, error=reason[:500])
+
+    async def case_problems(task: Task, solution: str, first: TestReport) -> list[str]:
+        problems = []
+        for label, case, must_pass in check_cases(task):
+            r = await score(task, case)
+            ok = bool(r.total) and r.passed == r.total
+            if ok != must_pass:
+                problems.append(f"the {label} {'passed' if ok else 'failed'} (it must {'pass' if must_pass else 'fail'})")
+        again = await score(task, solution)
+        if [(o.name, o.passed) for o in again.outcomes] != [(o.name, o.passed) for o in first.outcomes]:
+            problems.append("a second run of the reference gave a different report")
+        return problems
 
     async def one(task: Task) -> tuple[Task, TestReport]:
         solution = given.get(task.id) if given is not None else env.reference_solution(task)
         if solution is None:
             return task, TestReport(passed=0, total=0, error="no solution given")
-        async with sem:
-            try:
-                async with pool.lease() as sb:
-                    return task, await env.score_solution(sb, task, solution)
-            except Exception as exc:  # noqa: BLE001 - e.g. the solution killed its sandbox: score 0, check the rest
-                reason = f"the sandbox broke while scoring this solution: {type(exc).__name__}: {exc}"
-                return task, TestReport(passed=0, total=0, error=reason[:500])
+        report = await score(task, solution)
+        if check_cases is not None and report.error is None:
+            problems = await case_problems(task, solution, report)
+            if problems:
+                report = report.model_copy(update={"passed": 0, "error": "; ".join(problems)})
+        return task, report
 
     results: list[tuple[Task, TestReport]] = []
     async with pool:

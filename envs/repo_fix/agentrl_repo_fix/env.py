@@ -1,0 +1,212 @@
+"""RepoFixEnv: fix a synthesized bug in a real package's repository; reward 1 iff its failing tests and all its other
+tests pass (grading.py), else 0.
+
+Episode: setup() unpacks the buggy tree (built on the host from the hash-checked sdist + the task's bug diff) at
+/workspace/repo as a fresh one-commit git repository (no history, no clean copy anywhere in the sandbox: the
+package is not installed in its venv, and no .pyc is shipped). The prompt names the failing tests with a trimmed
+failure message. Tools: bash / str_replace_editor / submit (tools.py). finalize() grades; solution() is the
+agent's kept diff (with the dropped paths listed), stored with the trajectory.
+The test venv of each package (lockfile.py) must be visible in the sandbox at its host path: `ro_binds()` lists
+them for the local backend (the docker/kubernetes image would have to carry them at the same path: not built yet).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from agentrl.envs import Env, Task, register_env
+from agentrl.errors import ConfigError
+from agentrl.sandbox.base import SandboxSpec
+from agentrl.sandbox.client import Sandbox
+from agentrl.types import TestOutcome, TestReport, ToolCall, ToolResult
+from agentrl_repo_fix import grading, trees
+from agentrl_repo_fix.build import TASK_FORMAT
+from agentrl_repo_fix.config import REPO, SYSTEM_PROMPT, TOOLS, parse_options
+from agentrl_repo_fix.lockfile import default_cache_dir
+from agentrl_repo_fix.testrun import node_id
+from agentrl_repo_fix.tools import run_bash, run_editor
+
+SETUP_TIMEOUT_S = 60.0
+PROMPT_TESTS = 5
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1"}  # the sandbox's /etc is not readable by its user: no system gitconfig
+
+
+def load_tasks(path: Path, split: str, packages: list[str]) -> list[dict[str, Any]]:
+    if not path.exists():
+        raise ConfigError(f"repo_fix tasks_file {path} does not exist: build one with "
+                          "`python -m agentrl_repo_fix build --out FILE`")
+    out = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"{path}:{lineno}: not JSON ({exc})") from None
+        if not isinstance(row, dict) or row.get("format") != TASK_FORMAT:
+            raise ConfigError(f"{path}:{lineno}: not a {TASK_FORMAT} task (rebuild the task file)")
+        if (split == "all" or row["split"] == split) and (not packages or row["package"] in packages):
+            out.append(row)
+    return out
+
+
+def task_prompt(row: dict[str, Any], files: set[str]) -> str:
+    f2p = [node_id(t, files) for t in row["fail_to_pass"]]
+    shown = "\n".join(f"  - {t}" for t in f2p[:PROMPT_TESTS])
+    more = f"\n  ... and {len(f2p) - PROMPT_TESTS} more" if len(f2p) > PROMPT_TESTS else ""
+    first = f2p[0]
+    message = row.get("failure_messages", {}).get(row["fail_to_pass"][0], "")
+    return (f"The repository at {REPO} ({row['package']} {row['version']}) has a bug: these tests fail:\n"
+            f"{shown}{more}\n\nFailure of {first} (trimmed):\n{message}\n\n"
+            f"Run the tests from {REPO} with: python -m pytest {' '.join(row['tests'])}\n"
+            "Fix the bug in the package's source code, then call submit.")
+
+
+@register_env("repo_fix")
+class RepoFixEnv(Env):
+    """Fix a synthesized bug in a real Python package; graded by the package's own tests (all-or-nothing)."""
+
+    action_format = "hermes"
+    system_prompt = SYSTEM_PROMPT
+    tools = TOOLS
+    sandbox_spec = SandboxSpec(memory="2g", disk="512m", pids=512, default_timeout_s=60.0)
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.config = parse_options(options)
+        self.cache = self.config.cache_dir or default_cache_dir()
+        self._rows: list[dict[str, Any]] | None = None
+        self._buggy: dict[str, trees.Tree] = {}  # per task id (derived data, not per-trajectory state)
+
+    # -- tasks
+
+    def rows(self) -> list[dict[str, Any]]:
+        if self._rows is None:
+            self._rows = load_tasks(self.config.tasks_file, self.config.split, self.config.packages)
+        return self._rows
+
+    def tasks(self) -> list[Task]:
+        return [Task(id=row["id"], prompt=task_prompt(row, self._files(row)), data=row) for row in self.rows()]
+
+    def _files(self, row: dict[str, Any]) -> set[str]:
+        """The file names of the task's repository (from the bug diff's sdist when cached, else none)."""
+        sdist = self.cache / "sdists" / f"{row['package']}-{row['version']}.tar.gz"
+        return set(self.buggy(row)) if sdist.exists() else set()
+
+    def venv(self, row: Any) -> Path:
+        path = self.cache / "venvs" / f"{row['package']}-{row['version']}"
+        if not (path / ".agentrl-ready").exists():
+            raise ConfigError(f"repo_fix: the test venv {path} is missing: run `python -m agentrl_repo_fix prepare "
+                              f"--packages {row['package']}`")
+        return path
+
+    def ro_binds(self) -> list[str]:
+        """Host paths a local sandbox must see read-only: the tasks' test venvs."""
+        return sorted({str(self.venv(row)) for row in self.rows()})
+
+    def pristine(self, row: Any) -> trees.Tree:
+        sdist = self.cache / "sdists" / f"{row['package']}-{row['version']}.tar.gz"
+        if not sdist.exists():
+            raise ConfigError(f"repo_fix: {sdist} is missing: run `python -m agentrl_repo_fix prepare`")
+        return trees.from_sdist(sdist)
+
+    def buggy(self, row: Any) -> trees.Tree:
+        if row["id"] not in self._buggy:
+            self._buggy[row["id"]] = trees.apply_diff(self.pristine(row), row["bug_diff"])
+        return self._buggy[row["id"]]
+
+    # -- episode
+
+    async def setup(self, sandbox: Sandbox, task: Task) -> None:
+        archive = "/workspace/.agentrl-setup.tar"
+        await sandbox.write_file(archive, trees.to_tar(self.buggy(task.data)))
+        script = (f"set -e; mkdir -p {REPO}; tar -xf {archive} -C {REPO}; rm -f {archive}; cd {REPO}; "
+                  "git init -q; git add -A; git -c user.name=agentrl -c user.email=agentrl@localhost "
+                  "-c commit.gpgsign=false commit -qm 'initial commit'")
+        res = await sandbox.exec(["sh", "-c", script], timeout=SETUP_TIMEOUT_S, env=GIT_ENV)
+        if res.exit_code != 0:
+            raise RuntimeError(f"repo_fix setup of {task.id} failed: {(res.stderr or res.stdout)[-500:]}")
+
+    async def call_tool(self, sandbox: Sandbox, call: ToolCall, *, task: Task) -> ToolResult:
+        limit = self.config.output_chars
+        if call.name == "bash":
+            env = {"PATH": f"{self.venv(task.data)}/bin:/usr/local/bin:/usr/bin:/bin",
+                   "PYTHONPATH": f"{REPO}/{task.data['pythonpath']}", "PYTHONDONTWRITEBYTECODE": "1",
+                   "GIT_PAGER": "cat", "PAGER": "cat", **GIT_ENV}
+            return await run_bash(sandbox, call, initial_env=env, timeout_s=self.config.bash_timeout_s, limit=limit)
+        if call.name == "str_replace_editor":
+            return await run_editor(sandbox, call, limit=limit)
+        if call.name == "submit":
+            return ToolResult(call_id=call.id, name=call.name, output="submitted for grading", done=True)
+        return ToolResult(call_id=call.id, name=call.name, output=f"unknown tool {call.name!r}: use bash, "
+                          "str_replace_editor or submit", error="unknown_tool")
+
+    async def finalize(self, sandbox: Sandbox, task: Task) -> TestReport:
+        await sandbox.kill_all()  # the runner does this too; score_solution relies on it here
+        try:
+            agent, skipped = await grading.read_agent_tree(sandbox)
+        except grading.PolicyBrokeRepo as exc:
+            return self.failed_report(task, str(exc))
+        graded, dropped = grading.merge(self.buggy(task.data), agent, list(task.data["tests"]))
+        dropped.update({p: "not a regular file" for p in skipped})
+        markers = grading.harness_markers(self.buggy(task.data), graded)
+        if markers:
+            return self.failed_report(task, "the kept changes reach into the test harness (scored 0): "
+                                      + ", ".join(markers))
+        try:
+            report = await grading.run_graded(sandbox, dict(task.data), graded, str(self.venv(task.data)),
+                                              timeout_s=self.config.grade_timeout_s)
+        except grading.PolicyBrokeRepo as exc:  # e.g. the policy filled the workspace: its episode, scored 0
+            return self.failed_report(task, str(exc))
+        if dropped:
+            first = report.outcomes[0]
+            note = "; dropped changes: " + ", ".join(f"{p} ({why})" for p, why in sorted(dropped.items()))
+            report.outcomes[0] = first.model_copy(update={"message": first.message + note})
+        return report
+
+    async def solution(self, sandbox: Sandbox, task: Task) -> str | None:
+        """The agent's diff against the buggy tree that grading kept, with the dropped paths listed first."""
+        try:
+            agent, skipped = await grading.read_agent_tree(sandbox)
+        except grading.PolicyBrokeRepo:
+            return None
+        buggy = self.buggy(task.data)
+        graded, dropped = grading.merge(buggy, agent, list(task.data["tests"]))
+        dropped.update({p: "not a regular file" for p in skipped})
+        head = "".join(f"# dropped before grading: {p} ({why})\n" for p, why in sorted(dropped.items()))
+        return (head + trees.diff(buggy, graded)) or None
+
+    def reference_solution(self, task: Task) -> str | None:
+        return str(task.data["reference_diff"])
+
+    async def score_solution(self, sandbox: Sandbox, task: Task, solution: str) -> TestReport:
+        """Grade a unified diff against the buggy repo through the agent's path: set the episode up, apply the
+        diff in the agent's repository with `git apply`, then finalize()."""
+        await self.setup(sandbox, task)
+        if solution.strip():
+            await sandbox.write_file("/workspace/.agentrl-solution.diff", solution)
+            res = await sandbox.exec(["git", "apply", "--whitespace=nowarn", "/workspace/.agentrl-solution.diff"],
+                                     cwd="repo", timeout=SETUP_TIMEOUT_S, env=GIT_ENV)
+            if res.exit_code != 0:
+                return self.failed_report(task, f"the solution diff does not apply: {res.stderr.strip()[-300:]}")
+        return await self.finalize(sandbox, task)
+
+    def failed_report(self, task: Task, reason: str) -> TestReport:
+        outcomes = [TestOutcome(name="resolved", passed=False, message=reason)]
+        outcomes += [TestOutcome(name=f"FAIL_TO_PASS::{t}", passed=False, message=reason)
+                     for t in task.data["fail_to_pass"]]
+        return TestReport(passed=0, total=1, outcomes=outcomes, error=reason)
+
+    def time_needs(self) -> dict[str, float]:
+        io = 4 * grading.TAR_TIMEOUT_S  # pack (finalize, solution) + unpack + cleanup, each bounded; reads are fast
+        return {"tool_call": self.config.bash_timeout_s + 15.0, "finalize": self.config.grade_timeout_s + io}
+
+    def check_cases(self, task: Task) -> list[tuple[str, str, bool]]:
+        """`agentrl envs check` also requires: a no-op patch fails, and a patch that only edits tests (every test
+        file emptied) fails."""
+        buggy = self.buggy(task.data)
+        tests = list(task.data["tests"])
+        emptied = {p: (b"" if grading.protected(p, tests) == "test file" else data) for p, data in buggy.items()}
+        return [("no-op patch", "", False), ("test-only patch", trees.diff(buggy, emptied), False)]
