@@ -41,7 +41,6 @@ import asyncio
 import hashlib
 import logging
 import os
-import random
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from typing import Any, Literal
 
 from agentrl.engine.sglang_http import Limits, SGLangHTTPError, TransientError, Transport
 from agentrl.engine.sglang_routing import WorkerRouter
+from agentrl.engine.server_weights import ServerWeights
 from agentrl.errors import ConfigError, EngineError, EngineUnavailableError
 from agentrl.types import Generation, SamplingParams
 
@@ -56,7 +56,6 @@ log = logging.getLogger("agentrl.engine.sglang")
 
 ROUTING_HEADER = "X-SMG-Routing-Key"
 DEFAULT_VERSION_LABEL = "default"  # what SGLang reports before any update (`--weight-version default`)
-_MAX_BACKOFF_S = 10.0
 
 
 @dataclass
@@ -68,7 +67,7 @@ class SGLangStats:
     weight_updates: int = 0
 
 
-class SGLangEngine:
+class SGLangEngine(ServerWeights):
     """See the module docstring. Either `urls` (workers; agentrl routes) or `router_url` (sglang-router routes;
     `urls`, if also given, are the workers for control calls, else they are read from the router's GET /workers)."""
 
@@ -272,33 +271,7 @@ class SGLangEngine:
             return self.router_url  # type: ignore[return-value]
         return self._router.pick(session_id)
 
-    def _backoff(self, attempt: int) -> float:
-        return min(self.retry_backoff_s * 2 ** (attempt - 1), _MAX_BACKOFF_S) * random.uniform(0.5, 1.0)
-
-    async def _wait_gate(self) -> None:
-        if self._gate is not None and not self._gate.is_set():
-            await self._gate.wait()
-
     # ------------------------------------------------------------------------------------------- control
-    async def update_weights(self, source: Any, version: int) -> None:
-        """Load the checkpoint dir `source` (visible to every worker) on every worker, tagged `version`."""
-        if not isinstance(source, (str, os.PathLike)):
-            raise ConfigError("sglang engine: update_weights needs a checkpoint directory saved with "
-                              f"save_pretrained (got {type(source).__name__}); use DiskWeightSync")
-        await self.connect()
-        if self._update_lock is None:
-            self._update_lock = asyncio.Lock()
-        async with self._update_lock:
-            self._gate = self._gate or asyncio.Event()
-            self._gate.clear()
-            try:
-                await self._load_everywhere(os.fspath(source), version)
-                await self._verify_version(version)
-                self._version = version
-                self.stats.weight_updates += 1
-            finally:
-                self._gate.set()
-
     async def _load_everywhere(self, path: str, version: int) -> None:
         body: dict[str, Any] = {"model_path": path, "weight_version": str(version), "flush_cache": True}
         if self.weight_update == "abort_all":

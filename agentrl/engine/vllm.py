@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import random
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +42,7 @@ from agentrl.engine.sglang import checkpoint_facts  # noqa: F401 - re-exported: 
 from agentrl.engine.sglang import _clean_url, _turn_seed
 from agentrl.engine.sglang_http import Limits, SGLangHTTPError, TransientError, Transport
 from agentrl.engine.sglang_routing import WorkerRouter
+from agentrl.engine.server_weights import ServerWeights
 from agentrl.errors import ConfigError, EngineError, EngineUnavailableError
 from agentrl.types import Generation, SamplingParams
 
@@ -54,7 +53,6 @@ SESSION_HEADER = "X-Session-ID"  # vLLM's own session header (generate/base/serv
 DEFAULT_VERSION_LABEL = "default"  # vLLM's weight-version label before any update (v1/engine/core.py)
 MIN_TEMPERATURE = 1e-2  # vLLM raises any 0 < T < 0.01 to 0.01 (sampling_params._MAX_TEMP); refused here
 MAX_TEMPERATURE = 2.0  # vLLM 0.33 refuses T > 2 (SamplingParams._verify_args)
-_MAX_BACKOFF_S = 10.0
 
 
 class VLLMHTTPError(EngineError):
@@ -99,7 +97,7 @@ def vllm_sampling(sampling: SamplingParams) -> dict[str, Any]:
             "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
-class VLLMEngine:
+class VLLMEngine(ServerWeights):
     """See the module docstring. `urls`: vLLM servers (`vllm serve`, VLLM_SERVER_DEV_MODE=1 for weight updates);
     agentrl pins each trajectory to one of them."""
 
@@ -296,33 +294,7 @@ class VLLMEngine:
             raise EngineError(f"vLLM {url}: a logprob is missing or null (was logprobs dropped?)")
         return [float(v) for v in values]
 
-    def _backoff(self, attempt: int) -> float:
-        return min(self.retry_backoff_s * 2 ** (attempt - 1), _MAX_BACKOFF_S) * random.uniform(0.5, 1.0)
-
-    async def _wait_gate(self) -> None:
-        if self._gate is not None and not self._gate.is_set():
-            await self._gate.wait()
-
     # ------------------------------------------------------------------------------------------- control
-    async def update_weights(self, source: Any, version: int) -> None:
-        """Reload the checkpoint dir `source` (visible to every server) on every server, labelled `version`."""
-        if not isinstance(source, (str, os.PathLike)):
-            raise ConfigError("vllm engine: update_weights needs a checkpoint directory saved with "
-                              f"save_pretrained (got {type(source).__name__}); use weight_sync: disk")
-        await self.connect()
-        if self._update_lock is None:
-            self._update_lock = asyncio.Lock()
-        async with self._update_lock:
-            self._gate = self._gate or asyncio.Event()
-            self._gate.clear()
-            try:
-                await self._load_everywhere(os.fspath(source), version)
-                await self._verify_version(version)
-                self._version = version
-                self.stats.weight_updates += 1
-            finally:
-                self._gate.set()
-
     async def _load_everywhere(self, path: str, version: int) -> None:
         try:
             await self._on_workers("POST", f"/pause?mode={self.pause_mode}")
