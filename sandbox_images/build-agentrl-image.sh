@@ -74,12 +74,16 @@ then
   say "wheelhouse $wheelhouse complete (offline)"
 else
   say "filling the wheelhouse $wheelhouse from the package index (once)"
-  "$py" -m pip wheel -q --find-links "$wheelhouse" -w "$wheelhouse" -r "$ctx/requirements.txt" >&2
+  "$py" -m pip wheel -q --find-links "$wheelhouse" -w "$wheelhouse" -r "$ctx/requirements.txt" 2>&1 \
+    | grep -v "^WARNING: Location" >&2 || true
+  "$py" -m pip wheel -q --no-index --find-links "$wheelhouse" -w "$wheelhouse" -r "$ctx/requirements.txt" >/dev/null \
+    || die "the wheelhouse $wheelhouse is incomplete after pip wheel (see the errors above)"
 fi
 cp -al "$wheelhouse" "$ctx/wheelhouse"
 
 # (3) agentrl and the code_tests env from this checkout (no build isolation: no index needed)
-"$py" -m pip wheel -q --no-deps --no-build-isolation -w "$ctx/agentrl-wheels" "$repo" "$repo/envs/code_tests" >&2
+"$py" -m pip wheel -q --no-deps --no-build-isolation -w "$ctx/agentrl-wheels" "$repo" "$repo/envs/code_tests" \
+  >/dev/null 2>"$ctx/wheel.log" || { cat "$ctx/wheel.log" >&2; die "building the agentrl wheels failed"; }
 cp -l "$wheelhouse"/pip-*.whl "$ctx/agentrl-wheels/"
 rm -rf "$repo/build" "$repo/envs/code_tests/build"  # setuptools' scratch dirs
 

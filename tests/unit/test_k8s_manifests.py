@@ -21,7 +21,8 @@ from agentrl.sandbox.kubernetes.pods import L_ROLE, ROLE
 from agentrl.sandbox.kubernetes import KubernetesSandboxConfig
 
 K8S = Path(__file__).resolve().parents[2] / "k8s"
-ROOTS = ["base", "rollout", "training", "overlays/kind", "overlays/gvisor", "overlays/agent-sandbox"]
+ROOTS = ["base", "rollout", "training", "overlays/kind", "overlays/gvisor", "overlays/agent-sandbox",
+         "overlays/dev-cluster"]
 SUPPORTED = ["1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0", "1.36.0", "1.37.0"]
 WORKLOADS = ("Deployment", "Job", "StatefulSet", "DaemonSet", "Pod")
 
