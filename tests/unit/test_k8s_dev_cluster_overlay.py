@@ -7,13 +7,19 @@ server-side dry-run against 1.20 and the Job itself run in tests/k8s/test_in_clu
 from __future__ import annotations
 
 import re
+import socket
 from pathlib import Path
+
+import pytest
 
 import yaml
 from k8s_kustomize import render
 
 from agentrl.config import RolloutConfig
 from agentrl.engine.models import EMBEDDED_DIRNAME
+from agentrl.envs.registry import get_env
+from agentrl.runner.scheduler import check_time_needs
+from agentrl.sandbox.kubernetes.pods import Owner, owner_process_dead
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY = REPO / "k8s" / "overlays" / "dev-cluster"
@@ -21,6 +27,11 @@ OVERLAY = REPO / "k8s" / "overlays" / "dev-cluster"
 
 def _objs() -> dict[tuple[str, str], dict]:
     return {(o["kind"], o["metadata"]["name"]): o for o in render(OVERLAY)}
+
+
+def _config() -> RolloutConfig:
+    cm = _objs()[("ConfigMap", "agentrl-config")]
+    return RolloutConfig.model_validate(yaml.safe_load(cm["data"]["rollout.yaml"]))
 
 
 def _container() -> dict:
@@ -62,9 +73,33 @@ def test_job_runs_the_offline_image_with_its_shipped_model() -> None:
     assert container["imagePullPolicy"] == "Never", "there is no registry: the image is loaded into the node"
     script = (REPO / "sandbox_images" / "build-agentrl-image.sh").read_text()
     assert 'IMAGE:-agentrl/agentrl:dev-cluster' in script
-    cm = _objs()[("ConfigMap", "agentrl-config")]
-    cfg = RolloutConfig.model_validate(yaml.safe_load(cm["data"]["rollout.yaml"]))
+    cfg = _config()
     assert cfg.engine.type == "local" and cfg.engine.model == f"/opt/agentrl-model/{EMBEDDED_DIRNAME}"
     assert f"COPY model /opt/agentrl-model/{EMBEDDED_DIRNAME}" in dockerfile
     assert cfg.tasks * cfg.group_size <= 4 and cfg.budgets.max_turns <= 2, "the in-cluster job stays tiny"
     assert cfg.sandbox.backend.kubeconfig is None, "in-cluster config, from the pod's service account"
+
+
+def test_config_passes_the_checks_agentrl_rollout_makes_before_starting() -> None:
+    cfg = _config()
+    env = get_env(cfg.env, **cfg.env_options)
+    check_time_needs(env, tool_timeout_s=cfg.budgets.tool_timeout_s, finalize_timeout_s=cfg.budgets.finalize_timeout_s)
+
+
+def test_rollout_pod_shares_the_host_network_to_reach_its_sandboxes() -> None:
+    spec = _objs()[("Job", "agentrl-rollout")]["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True
+
+
+def test_an_owner_in_a_host_network_pod_is_never_judged_by_pid_from_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in (("POD_NAME", "agentrl-rollout-x"), ("POD_NAMESPACE", "agentrl"), ("POD_UID", "u-1")):
+        monkeypatch.setenv(key, value)
+    owner = Owner.from_env("s1")
+    assert owner.host == "pod:agentrl/agentrl-rollout-x" != socket.gethostname()
+    # pid 999999 does not exist on this machine: a host-named owner with it would count as dead
+    meta = {"annotations": {**owner.annotations(), "agentrl.io/owner-pid": "999999"}}
+    assert not owner_process_dead(meta, socket.gethostname())
+    assert owner_process_dead({"annotations": {**meta["annotations"], "agentrl.io/owner-host": socket.gethostname()}},
+                              socket.gethostname())
+    monkeypatch.delenv("POD_UID")
+    assert Owner.from_env("s2").host == socket.gethostname(), "outside a pod the host name identifies the owner"
