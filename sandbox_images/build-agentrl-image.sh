@@ -81,9 +81,10 @@ else
 fi
 cp -al "$wheelhouse" "$ctx/wheelhouse"
 
-# (3) agentrl and the code_tests env from this checkout (no build isolation: no index needed)
-"$py" -m pip wheel -q --no-deps --no-build-isolation -w "$ctx/agentrl-wheels" "$repo" "$repo/envs/code_tests" \
-  >/dev/null 2>"$ctx/wheel.log" || { cat "$ctx/wheel.log" >&2; die "building the agentrl wheels failed"; }
+# (3) agentrl and the code_tests env from this checkout (no build isolation: no index needed). Fixed zip timestamps:
+# an unchanged checkout gives the same layer, hence the same image ID, and load-image.sh skips reloading it.
+SOURCE_DATE_EPOCH=315532800 "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$ctx/agentrl-wheels" "$repo" "$repo/envs/code_tests" \
+  >/dev/null 2>"$cache/agentrl-wheel.log" || { cat "$cache/agentrl-wheel.log" >&2; die "building the agentrl wheels failed"; }
 cp -l "$wheelhouse"/pip-*.whl "$ctx/agentrl-wheels/"
 rm -rf "$repo/build" "$repo/envs/code_tests/build"  # setuptools' scratch dirs
 
