@@ -49,11 +49,13 @@ system-test:
 doctor: venv
 	$(VENV)/bin/agentrl doctor $(DOCTOR_ARGS)
 # The k8s tier on a real single-node cluster: k8s/dev-cluster/up.sh (starts it, or finds it running; the first run on
-# a machine builds Kubernetes from Debian's source package, ~10 min), the sandbox image loaded into it, k8s/base
+# a machine builds Kubernetes from Debian's source package, ~10 min), the sandbox image loaded into it, the agentrl
+# image for the in-cluster rollout Job built offline and loaded (sandbox_images/build-agentrl-image.sh), k8s/base
 # applied, then every test marked k8s. For another cluster: KUBECONFIG=... pytest -m k8s tests/k8s.
 test-k8s: venv
 	export KUBECONFIG="$$(k8s/dev-cluster/up.sh | tail -1)" PATH="$$PATH:$${AGENTRL_K8S_DIR:-$$HOME/.cache/agentrl/k8s}/bin" && \
 	k8s/dev-cluster/load-image.sh agentrl/python:latest && \
+	PYTHON=$(PY) sandbox_images/build-agentrl-image.sh --load && \
 	kubectl apply -k k8s/base >/dev/null && \
 	AGENTRL_REQUIRE_K8S=1 $(PY) -m pytest -q -m k8s tests/k8s $(PYTEST_ARGS)
 

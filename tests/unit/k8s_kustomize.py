@@ -4,7 +4,8 @@ installed (the test also compares it with `kubectl kustomize` where it is).
 Supported: `resources` (files and directories with a kustomization), `components`, `configMapGenerator` (files,
 `key=path` files, literals, `behavior: create|merge|replace`, `namespace`) with `generatorOptions.
 disableNameSuffixHash: true` (required), `patches` (strategic-merge patch files or inline patches, matched by the
-patch's kind/name/namespace or an explicit `target`), and `images` (newName / newTag / digest). Anything else is an
+patch's kind/name/namespace or an explicit `target`;
+`key: null` deletes the key), and `images` (newName / newTag / digest). Anything else is an
 error, so a kustomization that grows beyond the subset fails loudly here instead of rendering wrongly.
 """
 
@@ -27,22 +28,28 @@ def _key(obj: Obj) -> tuple[str, str, str]:
 
 
 def strategic_merge(base: Any, patch: Any) -> Any:
-    """Maps merge recursively; lists of maps that all have a `name` merge by name; other lists are replaced."""
+    """Maps merge recursively (a key patched to null is deleted); lists of maps that all have a `name` merge by name
+    (new items first, as kustomize does);
+    other lists are replaced."""
     if isinstance(base, dict) and isinstance(patch, dict):
         out = dict(base)
         for k, v in patch.items():
-            out[k] = strategic_merge(base[k], v) if k in base else copy.deepcopy(v)
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[k] = strategic_merge(base[k], v) if k in base else copy.deepcopy(v)
         return out
     if (isinstance(base, list) and isinstance(patch, list) and base and patch
             and all(isinstance(x, dict) and "name" in x for x in base + patch)):
         out = [copy.deepcopy(x) for x in base]
         index = {x["name"]: i for i, x in enumerate(out)}
+        added = []
         for item in patch:
             if item["name"] in index:
                 out[index[item["name"]]] = strategic_merge(out[index[item["name"]]], item)
             else:
-                out.append(copy.deepcopy(item))
-        return out
+                added.append(copy.deepcopy(item))
+        return added + out  # kustomize puts items new to the list first
     return copy.deepcopy(patch)
 
 

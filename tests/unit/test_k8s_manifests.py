@@ -21,7 +21,8 @@ from agentrl.sandbox.kubernetes.pods import L_ROLE, ROLE
 from agentrl.sandbox.kubernetes import KubernetesSandboxConfig
 
 K8S = Path(__file__).resolve().parents[2] / "k8s"
-ROOTS = ["base", "rollout", "training", "overlays/kind", "overlays/gvisor", "overlays/agent-sandbox"]
+ROOTS = ["base", "rollout", "training", "overlays/kind", "overlays/gvisor", "overlays/agent-sandbox",
+         "overlays/dev-cluster"]
 SUPPORTED = ["1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0", "1.36.0", "1.37.0"]
 WORKLOADS = ("Deployment", "Job", "StatefulSet", "DaemonSet", "Pod")
 
@@ -70,7 +71,9 @@ def test_pods_are_restricted_and_guaranteed(rendered: tuple[str, list[dict]]) ->
         where = f"{root}: {meta.get('labels')}"
         psc = spec["securityContext"]
         assert psc["runAsNonRoot"] is True and psc["seccompProfile"] == {"type": "RuntimeDefault"}, where
-        assert not any(spec.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")), where
+        assert not any(spec.get(k) for k in ("hostPID", "hostIPC")), where
+        # the dev cluster's rollout pod alone (its pods cannot reach each other: k8s/overlays/dev-cluster)
+        assert not spec.get("hostNetwork") or root == "overlays/dev-cluster", where
         assert not any("hostPath" in v for v in spec.get("volumes") or []), where
         for c in spec["containers"] + spec.get("initContainers", []):
             sc = c["securityContext"]

@@ -141,10 +141,13 @@ class Owner:
 
     @classmethod
     def from_env(cls, session: str) -> "Owner":
+        """In a pod, `host` names the pod, not the host name: a hostNetwork pod shares the node's host name while its
+        pids are its own, so a process on the node must never judge our pid (owner_process_dead) as one of its own."""
         pid = os.getpid()
-        return cls(session=session, host=socket.gethostname(), pid=pid, pid_start=_proc_start(pid) or "",
-                   pod_name=os.environ.get("POD_NAME") or None, pod_namespace=os.environ.get("POD_NAMESPACE") or None,
-                   pod_uid=os.environ.get("POD_UID") or None)
+        name, namespace, uid = (os.environ.get(k) or None for k in ("POD_NAME", "POD_NAMESPACE", "POD_UID"))
+        host = f"pod:{namespace or ''}/{name}" if name and uid else socket.gethostname()
+        return cls(session=session, host=host, pid=pid, pid_start=_proc_start(pid) or "",
+                   pod_name=name, pod_namespace=namespace, pod_uid=uid)
 
     def labels(self) -> dict[str, str]:
         out = {L_OWNER: self.session}
