@@ -11,7 +11,7 @@ the reason stored on the trajectory.
     lease      SandboxStartError / any / deadline          infra   sandbox_start / lease_timeout
     setup      any / deadline                              infra   setup_failed / setup_timeout   (before the policy)
     turns,     SandboxDiedError, backend proves an         infra   sandbox_lost:<cause>  (deleted / evicted from
-    finalize     outside cause                                     outside, node loss)
+    finalize     outside cause                                     outside, the sandbox process killed on the host)
                SandboxDiedError during a request           policy  sandbox_died_in_command[:<cause>]
                SandboxDiedError between requests, the      infra   sandbox_died[:<cause>]  (commands cannot signal
                  agent is out of the commands' reach               the agent: uid separation)
@@ -34,7 +34,7 @@ from enum import Enum
 from agentrl.errors import EngineError, InfraError, SandboxDiedError, SandboxStartError
 from agentrl.types import Status
 
-EXTERNAL_CAUSES = ("deleted", "evicted", "node_lost", "preempted")
+EXTERNAL_CAUSES = ("deleted", "evicted", "killed", "node_lost", "preempted")  # provably from outside the sandbox
 
 
 class Stage(str, Enum):

@@ -396,8 +396,9 @@ class LocalBackend:
 
     async def death_cause(self, handle: SandboxHandle) -> str | None:
         """Why the sandbox is gone, as far as this host can prove: "deleted" (its state dir was removed from outside,
-        e.g. by a sweep), "oom" (its agent died of SIGKILL and the kernel OOM-killed in its cgroup), "signal:<n>" /
-        "exited:<code>" (how bubblewrap, which mirrors the agent, ended); None while it runs or when unknown."""
+        e.g. by a sweep), "killed:<n>" (bubblewrap itself was signalled from the host), "oom" (its agent died of
+        SIGKILL and the kernel OOM-killed in its cgroup), "signal:<n>" / "exited:<code>" (how the agent ended, which
+        bubblewrap mirrors); None while it runs or when unknown."""
         if not await asyncio.to_thread((self.state_root / handle.id).is_dir):
             return "deleted"
         live = self._live.get(handle.id)
@@ -410,7 +411,9 @@ class LocalBackend:
             except TimeoutError:
                 return None
         code = live.proc.returncode
-        signum = -code if code < 0 else code - 128 if code > 128 else None  # bwrap reports a signal as 128 + n
+        if code < 0:  # bubblewrap itself was signalled: it is a host process outside the sandbox's pid namespace, no
+            return f"killed:{-code}"  # command can see or signal it, so this came from outside (host, admin, OOM)
+        signum = code - 128 if code > 128 else None  # bwrap reports its child's death by signal n as 128 + n
         if signum == signal.SIGKILL and await asyncio.to_thread(limits.oom_kills, live.plan.cgroups) > 0:
             return "oom"
         return f"signal:{signum}" if signum is not None else f"exited:{code}"

@@ -38,7 +38,7 @@ def test_failures_before_the_policy_acts_are_infra(stage: Stage, exc: Exception,
 
 
 @pytest.mark.parametrize("stage", [Stage.turns, Stage.finalize])
-@pytest.mark.parametrize("cause", ["deleted", "evicted"])
+@pytest.mark.parametrize("cause", ["deleted", "evicted", "killed:9"])
 def test_sandbox_lost_from_outside_is_infra_even_during_a_command(stage: Stage, cause: str) -> None:
     v = classify(DIED, stage, death=DeathFacts(in_flight=True, uid_separated=False, cause=cause))
     assert v.status is Status.infra_error and v.kind == f"sandbox_lost:{cause}"
