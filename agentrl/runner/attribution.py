@@ -12,7 +12,9 @@ the reason stored on the trajectory.
     setup      any / deadline                              infra   setup_failed / setup_timeout   (before the policy)
     turns,     SandboxDiedError, backend proves an         infra   sandbox_lost:<cause>  (deleted / evicted from
     finalize     outside cause                                     outside, the sandbox process killed on the host)
-               SandboxDiedError during a request           policy  sandbox_died_in_command[:<cause>]
+               SandboxDiedError, agent killed by a signal,  infra   sandbox_died:signal:<n> (commands cannot signal
+                 not the OOM killer, uid-separated sandbox         the agent: the host did)
+               SandboxDiedError during a command           policy  sandbox_died_in_command[:<cause>] (incl. oom)
                SandboxDiedError between requests, the      infra   sandbox_died[:<cause>]  (commands cannot signal
                  agent is out of the commands' reach               the agent: uid separation)
                SandboxDiedError between requests, single   policy  sandbox_died_single_uid (its leftover processes
@@ -114,6 +116,10 @@ def _before_policy(exc: BaseException, stage: Stage, deadline_expired: bool) -> 
 def _sandbox_death(exc: SandboxDiedError, facts: DeathFacts) -> Verdict:
     if facts.cause is not None and facts.cause.split(":")[0] in EXTERNAL_CAUSES:
         return _infra(_with_cause("sandbox_lost", facts.cause), exc)
+    if facts.uid_separated and facts.cause is not None and facts.cause.startswith("signal:"):
+        # the agent died of a signal the policy cannot send (its commands run under another uid) and the kernel's
+        # OOM killer is excluded (that cause is "oom"): the host or an admin killed it
+        return _infra(_with_cause("sandbox_died", facts.cause), exc)
     if facts.in_flight:
         return _policy(_with_cause("sandbox_died_in_command", facts.cause),
                        f"the sandbox died while running the policy's command: {_text(exc)}")

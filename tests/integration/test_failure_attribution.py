@@ -6,7 +6,10 @@ failure anywhere may hang `run()`."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -247,3 +250,38 @@ async def test_processes_the_policy_left_running_are_dead_before_grading(env: An
     assert "beat True" in traj.turns[0].observation, "the daemon ran and outlived its call"
     assert watcher.alive_during_grading is False, "a policy process was still running when grading started"
     assert traj.status is not Status.infra_error
+
+
+def _agent_pids(pool: Any) -> list[int]:
+    """Host pids of the in-sandbox agents (bwrap -> its pid-1 child -> the agent)."""
+    out = []
+    for live in list(pool.backend._live.values()):
+        bwrap = live.proc.pid
+        for pid in Path(f"/proc/{bwrap}/task/{bwrap}/children").read_text().split():
+            out += [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[:1]]
+    return out
+
+
+async def test_agent_killed_from_the_host_during_a_command_is_infra_and_retried(
+        env: Any, task: Any, smollm2_tokenizer: Any) -> None:
+    """The agent of a uid-separated sandbox dies of SIGKILL while the policy's command runs: the policy cannot send
+    that signal (and it is not the OOM killer), so the host did it: infra_error, retried."""
+    pool = _pool()
+    engine = ScriptedEngine(smollm2_tokenizer, [_code("import time\ntime.sleep(20)")])
+    killed: list[int] = []
+
+    async def killer() -> None:
+        while not killed:
+            await asyncio.sleep(1.0)
+            for pid in _agent_pids(pool):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+    async with pool:
+        task_killer = asyncio.create_task(killer())
+        traj = await _scheduler(env, engine, smollm2_tokenizer, pool, infra_retries=0).run_one(
+            task, group_id="g", sample_index=0)
+        task_killer.cancel()
+    assert killed, "the fault was injected"
+    assert traj.status is Status.infra_error, (traj.status, traj.error_kind, traj.error)
+    assert traj.error_kind == "sandbox_died:signal:9" and traj.reward is None

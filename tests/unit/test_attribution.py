@@ -45,10 +45,17 @@ def test_sandbox_lost_from_outside_is_infra_even_during_a_command(stage: Stage, 
 
 
 @pytest.mark.parametrize("stage", [Stage.turns, Stage.finalize])
-@pytest.mark.parametrize("cause", [None, "oom", "signal:9", "exited:0"])
-def test_death_during_a_policy_command_is_the_policys(stage: Stage, cause: str | None) -> None:
-    v = classify(DIED, stage, death=DeathFacts(in_flight=True, uid_separated=True, cause=cause))
+@pytest.mark.parametrize(("cause", "separated"), [(None, True), ("oom", True), ("exited:0", True), (None, False),
+                                                  ("oom", False), ("signal:9", False)])
+def test_death_during_a_policy_command_is_the_policys(stage: Stage, cause: str | None, separated: bool) -> None:
+    v = classify(DIED, stage, death=DeathFacts(in_flight=True, uid_separated=separated, cause=cause))
     assert v.status is Status.policy_error and v.kind.startswith("sandbox_died_in_command")
+
+
+@pytest.mark.parametrize("in_flight", [True, False])
+def test_agent_killed_by_a_signal_the_policy_cannot_send_is_infra(in_flight: bool) -> None:
+    v = classify(DIED, Stage.turns, death=DeathFacts(in_flight=in_flight, uid_separated=True, cause="signal:9"))
+    assert (v.status, v.kind) == (Status.infra_error, "sandbox_died:signal:9")
 
 
 def test_death_between_commands_depends_on_uid_separation() -> None:
