@@ -292,7 +292,9 @@ def test_lora_disk_sync_and_merged_checkpoint(taught_model: Path, tmp_path: Path
     monkeypatch.setattr(DiskWeightSync, "sync", sync)
     monkeypatch.setattr(AgentGRPOTrainer, "train", train)
     out = tmp_path / "run"
-    run_train(job(taught_model, out, steps=2, batch_size=1, learning_rate=5e-2, weight_sync="disk",
+    # 2 groups per step and a deterministic run: a step whose groups all have equal rewards has no gradient, and
+    # with one sampled group that happened now and then
+    run_train(job(taught_model, out, steps=2, batch_size=2, learning_rate=5e-2, weight_sync="disk", deterministic=True,
                   lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}))
     assert seen == [(0, "step-0000000", True), (1, "step-0000001", True)]
     assert [p.name for p in (out / "weights").iterdir()] == ["step-0000001"]  # older dirs pruned
