@@ -1,8 +1,9 @@
 """What the HTTP engine clients (SGLang, vLLM) share about weight updates and retries.
 
-Owns: the update gate (new generate calls wait while our own weight update runs; one update at a time), the
-template of an update (load on every worker, verify the version everywhere, then tag later turns with it), and the
-retry backoff. Each client supplies `_load_everywhere(path, version)` and `_verify_version(version)` with its
+Owns: the client state both keep (connection flags, the update gate: new generate calls wait while our own weight
+update runs; one update at a time), the template of an update (load on every worker, verify the version everywhere,
+then tag later turns with it), the retry backoff, and the properties both expose (weight version, context window,
+workers). Each client supplies `_load_everywhere(path, version)` and `_verify_version(version)` with its
 server's own endpoints, plus `connect()`, `_version`, `stats.weight_updates` and `retry_backoff_s`.
 """
 
@@ -24,7 +25,34 @@ class ServerWeights:
     _update_lock: asyncio.Lock | None
     _gate: asyncio.Event | None
     _version: int
+    _context_window: int | None
+    _workers: list[str]
     stats: Any
+
+    def _init_server_state(self) -> None:
+        self._server: dict[str, Any] = {}
+        self._connected = False
+        self._connect_lock: asyncio.Lock | None = None
+        self._update_lock = None
+        self._gate = None  # cleared while our own weight update runs
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def context_window(self) -> int:
+        if self._context_window is None:
+            from agentrl.errors import EngineError
+
+            raise EngineError(f"{self.name} engine: context window unknown; await engine.connect() or set "
+                              "engine.context_window")
+        return self._context_window
+
+    @property
+    def workers(self) -> list[str]:
+        """The worker URLs control calls go to (known after `connect()` in router mode)."""
+        return list(self._workers)
 
     async def connect(self) -> None:  # pragma: no cover - provided by the client
         raise NotImplementedError

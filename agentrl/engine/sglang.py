@@ -116,29 +116,9 @@ class SGLangEngine(ServerWeights):
                                            request_timeout_s=request_timeout_s))
         self._router = None if self.router_url else WorkerRouter(self._static_workers, max_sessions=max_sessions)
         self._workers: list[str] = list(self._static_workers)
-        self._server: dict[str, Any] = {}
-        self._connected = False
-        self._connect_lock: asyncio.Lock | None = None
-        self._update_lock: asyncio.Lock | None = None
-        self._gate: asyncio.Event | None = None  # cleared while our own weight update runs
+        self._init_server_state()
 
     # ------------------------------------------------------------------------------------------- properties
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    @property
-    def context_window(self) -> int:
-        if self._context_window is None:
-            raise EngineError("sglang engine: context window unknown; await engine.connect() or set "
-                              "engine.context_window")
-        return self._context_window
-
-    @property
-    def workers(self) -> list[str]:
-        """The worker URLs control calls go to (known after `connect()` in router mode)."""
-        return list(self._workers)
-
     @property
     def in_flight(self) -> dict[str, int]:
         """/generate requests in flight per worker (direct routing only)."""

@@ -142,28 +142,9 @@ class VLLMEngine(ServerWeights):
         self._transport = Transport(Limits(max_connections=max_connections, connect_timeout_s=connect_timeout_s,
                                            request_timeout_s=request_timeout_s))
         self._router = WorkerRouter(self._workers, max_sessions=max_sessions)
-        self._server: dict[str, Any] = {}
-        self._connected = False
-        self._connect_lock: asyncio.Lock | None = None
-        self._update_lock: asyncio.Lock | None = None
-        self._gate: asyncio.Event | None = None  # cleared while our own weight update runs
+        self._init_server_state()
 
     # ------------------------------------------------------------------------------------------- properties
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    @property
-    def context_window(self) -> int:
-        if self._context_window is None:
-            raise EngineError("vllm engine: context window unknown; await engine.connect() or set "
-                              "engine.context_window")
-        return self._context_window
-
-    @property
-    def workers(self) -> list[str]:
-        return list(self._workers)
-
     @property
     def in_flight(self) -> dict[str, int]:
         return dict(self._router.in_flight)
