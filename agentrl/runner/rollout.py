@@ -163,7 +163,7 @@ class Rollout:
         except TimeoutError:
             if not deadline.expired():
                 raise
-            await self._kill_leftovers(sandbox)
+            await sandbox.kill_all()
             result = ToolResult(call_id=call.id, name=call.name, timed_out=True, error="tool_timeout",
                                 output=f"tool error: the call did not finish within {self.budgets.tool_timeout_s:g}s "
                                        f"and its processes were killed")
@@ -172,12 +172,6 @@ class Rollout:
         if not result.duration_s:
             result = result.model_copy(update={"duration_s": time.perf_counter() - t0})
         return result
-
-    @staticmethod
-    async def _kill_leftovers(sandbox: Sandbox) -> None:
-        kill_all = getattr(sandbox, "kill_all", None)
-        if kill_all is not None:
-            await kill_all()
 
     def _observation(self, results: list[ToolResult], errors: list[str]) -> list[Message]:
         if self.env.action_format == "hermes":

@@ -306,9 +306,7 @@ class Scheduler:
 
     async def _finalize(self, run: _Attempt, sandbox: Any) -> None:
         env = self.rollout.env
-        kill_all = getattr(sandbox, "kill_all", None)
-        if kill_all is not None:  # nothing the policy left running may touch the grading
-            await kill_all()
+        await sandbox.kill_all()  # nothing the policy left running may touch the grading
         run.tests = await env.finalize(sandbox, run.task)
         run.solution = await env.solution(sandbox, run.task)
 
@@ -318,16 +316,13 @@ class Scheduler:
 
     async def _death_facts(self, exc: SandboxDiedError, sandbox: Any) -> DeathFacts:
         cause = None
-        death_cause = getattr(self.pool, "death_cause", None)
-        if death_cause is not None:
-            try:
-                cause = await asyncio.wait_for(death_cause(sandbox), DEATH_CAUSE_TIMEOUT_S)
-            except Exception as err:  # noqa: BLE001 - unknown cause: decided on the other facts
-                log.warning("sandbox %s: asking the backend why it died failed: %s", sandbox, err)
+        try:
+            cause = await asyncio.wait_for(self.pool.death_cause(sandbox), DEATH_CAUSE_TIMEOUT_S)
+        except Exception as err:  # noqa: BLE001 - unknown cause: decided on the other facts
+            log.warning("sandbox %s: asking the backend why it died failed: %s", sandbox, err)
         # only a command runs the policy's code: a death during a file request or a health check is not its doing
-        in_command = bool(getattr(exc, "in_flight", False)) and str(getattr(exc, "request", "")).endswith("/exec")
-        return DeathFacts(in_flight=in_command,
-                          uid_separated=bool(getattr(sandbox, "uid_separated", False)), cause=cause)
+        in_command = exc.in_flight and exc.request.endswith("/exec")
+        return DeathFacts(in_flight=in_command, uid_separated=bool(sandbox.uid_separated), cause=cause)
 
     async def _teardown(self, lease: Any, exc: BaseException | None) -> None:
         args = (type(exc), exc, exc.__traceback__) if exc is not None else (None, None, None)
