@@ -20,6 +20,7 @@ source changes execute in-process with pytest, like any SWE-style grader).
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from typing import Any
 
@@ -100,7 +101,7 @@ async def read_agent_tree(sandbox: Sandbox) -> tuple[trees.Tree, list[str]]:
         except (SandboxFileError, SandboxPathError, FileNotFoundError) as exc:
             raise PolicyBrokeRepo(f"the packed repository could not be read: {exc}") from None
         try:
-            return trees.from_tar(data)
+            return await asyncio.to_thread(trees.from_tar, data)  # parsing a whole repo: off the event loop
         except (ValueError, OSError) as exc:  # tarfile.TarError is an Exception subclass: caught below
             raise PolicyBrokeRepo(f"the packed repository is unusable: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - a malformed archive is the policy's repo, not infra
