@@ -1,6 +1,6 @@
 """Env base class and registry."""
 
-from agentrl.envs.base import Env, Task
+from agentrl.envs.base import Env, Submission, Task
 from agentrl.envs.registry import available_envs, get_env, register_env
 
-__all__ = ["Env", "Task", "available_envs", "get_env", "register_env"]
+__all__ = ["Env", "Submission", "Task", "available_envs", "get_env", "register_env"]

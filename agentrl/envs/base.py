@@ -8,11 +8,22 @@ An env is a small class registered by name (`@register_env`, or the `agentrl.env
     async setup(sandbox, task)      -> prepare the sandbox for one trajectory
     async call_tool(sandbox, call, task=...) -> ToolResult (task-level failures are data, not exceptions)
     async finalize(sandbox, task)   -> TestReport: hidden tests, run in the same sandbox
+    grading_sandbox = "fresh"       -> opt-in: grade in a second, fresh sandbox instead (then the runner calls
+                                       collect() in the policy's sandbox and grade() in the fresh one, not finalize)
+    async collect(sandbox, task)    -> Submission: what grading needs, read from the policy's sandbox as host data
+    async grade(sandbox, task, submission) -> TestReport: the hidden tests in a fresh sandbox the policy never used
     failed_report(task, reason)     -> TestReport of an episode the policy broke (all tests failed)
     time_needs()                    -> seconds a call_tool / finalize may take (checked against the budgets)
     async solution(sandbox, task)   -> the final answer stored with the trajectory (optional)
     reference_solution(task)        -> used by `agentrl envs check`
     async score_solution(sandbox, task, solution) -> TestReport for a given solution (`envs check --solutions`)
+
+Fresh-sandbox grading (`grading_sandbox = "fresh"`): after the turns the runner kills every process of the policy's
+sandbox, calls `collect` there, and returns that sandbox to the pool; then it leases a second sandbox from the same
+pool (its own `lease_timeout_s`; a failed or late lease is infra_error, retried) and calls `grade` in it under what is
+left of `finalize_timeout_s`, then returns it. Nothing the policy left (files outside what `collect` reads, processes,
+a `.pth` in its home) exists where grading runs. `collect` must read the sandbox as data only (never run what the
+policy wrote); an exception out of it is the policy's (`finalize_failed`, scored 0), like one out of `finalize`.
 
 `call_tool` takes the task as a keyword (DESIGN shows `call_tool(sandbox, call)`): envs are shared across
 trajectories and hold no per-trajectory state, so the task must be passed in.
@@ -42,12 +53,23 @@ class Task:
         object.__setattr__(self, "data", MappingProxyType(dict(self.data)))
 
 
+@dataclass(frozen=True)
+class Submission:
+    """What a fresh-grading env's `collect` read from the policy's sandbox: host-side data only (never a handle into
+    that sandbox, which is destroyed before `grade` runs). `solution` is stored with the trajectory (what `solution()`
+    gives for a same-sandbox env), so the policy's work is read once."""
+
+    payload: Any = None
+    solution: str | None = None
+
+
 class Env:
     name: ClassVar[str] = ""
     action_format: ClassVar[Literal["hermes", "codeblock"]] = "hermes"
     system_prompt: ClassVar[str] = ""
     tools: ClassVar[list[ToolSpec]] = []
     sandbox_spec: ClassVar[SandboxSpec] = SandboxSpec()
+    grading_sandbox: ClassVar[Literal["same", "fresh"]] = "same"  # "fresh": collect() + grade(), see above
 
     def __init__(self, **options: Any) -> None:
         self.options = options
@@ -71,6 +93,16 @@ class Env:
 
     async def solution(self, sandbox: Sandbox, task: Task) -> str | None:
         return None
+
+    async def collect(self, sandbox: Sandbox, task: Task) -> Submission:
+        """Fresh grading, step 1, in the policy's sandbox after its processes were killed: read what grading needs
+        as data. Required when `grading_sandbox = "fresh"`."""
+        raise NotImplementedError(f"env {self.name!r} sets grading_sandbox={self.grading_sandbox!r} but has no collect()")
+
+    async def grade(self, sandbox: Sandbox, task: Task, submission: Submission) -> TestReport:
+        """Fresh grading, step 2, in a fresh sandbox of the same pool (the policy never ran in it): the hidden tests
+        over `submission`. Required when `grading_sandbox = "fresh"`."""
+        raise NotImplementedError(f"env {self.name!r} sets grading_sandbox={self.grading_sandbox!r} but has no grade()")
 
     def reference_solution(self, task: Task) -> str | None:
         return None

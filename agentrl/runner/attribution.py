@@ -9,6 +9,9 @@ the reason stored on the trajectory.
     ---------  ------------------------------------------  ------------------------------------------------------
     any        EngineError                                 infra   engine
     lease      SandboxStartError / any / deadline          infra   sandbox_start / lease_timeout
+    grade_     SandboxStartError / any / deadline          infra   grade_sandbox_start / grade_lease_failed /
+      lease                                                        grade_lease_timeout (fresh grading: the second
+                                                                   sandbox; the policy never ran in it)
     setup      any / deadline                              infra   setup_failed / setup_timeout   (before the policy)
     turns,     SandboxDiedError, backend proves an         infra   sandbox_lost:<cause>  (deleted / evicted from
     finalize     outside cause                                     outside, the sandbox process killed on the host)
@@ -24,6 +27,9 @@ the reason stored on the trajectory.
                                                                    checked at start-up)
                any other exception                         policy  finalize_failed (e.g. what the policy left in the
                                                                    workspace cannot be read)
+    (fresh grading: `finalize` covers collect() in the policy's sandbox and grade() in the fresh one; a death of
+    the fresh sandbox follows the rows above with that sandbox's facts: the policy's kept code runs only in its
+    commands, so a death during a command is the policy's, one between commands of a uid-separated sandbox is not)
     turns      any other exception                         infra   internal_error (our bug; the policy's tool-call
                                                                    failures never get here, they are observations)
 """
@@ -42,6 +48,7 @@ EXTERNAL_CAUSES = ("deleted", "evicted", "killed", "node_lost", "preempted")  # 
 class Stage(str, Enum):
     start = "start"  # rendering the prompt (env.messages, the chat template)
     lease = "lease"
+    grade_lease = "grade_lease"  # fresh grading: leasing the second sandbox (after the policy's was returned)
     setup = "setup"
     turns = "turns"
     finalize = "finalize"
@@ -90,6 +97,8 @@ def classify(exc: BaseException, stage: Stage, *, deadline_expired: bool = False
         return _infra("engine", exc)
     if stage in (Stage.start, Stage.lease, Stage.setup):
         return _before_policy(exc, stage, deadline_expired)
+    if stage is Stage.grade_lease:
+        return _grade_lease(exc, deadline_expired)
     if isinstance(exc, SandboxDiedError):
         return _sandbox_death(exc, death or DeathFacts(in_flight=False, uid_separated=False, cause=None))
     if isinstance(exc, InfraError):
@@ -111,6 +120,13 @@ def _before_policy(exc: BaseException, stage: Stage, deadline_expired: bool) -> 
     if deadline_expired:
         return _infra("setup_timeout", f"env setup did not finish within setup_timeout_s ({_text(exc)})")
     return _infra("setup_failed", exc)
+
+
+def _grade_lease(exc: BaseException, deadline_expired: bool) -> Verdict:
+    """Leasing the fresh grading sandbox: the policy has no part in it (nothing of it runs there yet)."""
+    if deadline_expired:
+        return _infra("grade_lease_timeout", f"no grading sandbox within lease_timeout_s ({_text(exc)})")
+    return _infra("grade_sandbox_start" if isinstance(exc, SandboxStartError) else "grade_lease_failed", exc)
 
 
 def _sandbox_death(exc: SandboxDiedError, facts: DeathFacts) -> Verdict:

@@ -1,8 +1,9 @@
 """Groups, concurrency, budgets and streaming of whole groups. One asyncio task per trajectory, no turn barrier.
 
 Owns: turning (task, sample) pairs into finished `Trajectory` records — leasing a sandbox, running the loop
-(`rollout.py`), killing what the policy left running and finalizing (hidden tests -> reward), one deadline per
-stage (lease, setup, turns, finalize, teardown), attributing failures (`attribution.py`: infra_error only for
+(`rollout.py`), killing what the policy left running and finalizing (hidden tests -> reward; for an env with
+`grading_sandbox = "fresh"`, collect in the policy's sandbox, return it, lease a second one and grade there), one
+deadline per stage (lease, setup, turns, finalize, teardown), attributing failures (`attribution.py`: infra_error only for
 causes that are provably not the policy's), retrying infrastructure failures within a budget, stopping a run whose
 unscored fraction is too high (`guard.py`), and yielding each group as soon as its G trajectories are done. Does not own: the loop itself,
 the store (callers write what is yielded), or sandbox lifecycles (the pool's).
@@ -23,7 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from agentrl.envs.base import Task
+from agentrl.envs.base import Submission, Task
 from agentrl.errors import ConfigError, SandboxDiedError
 from agentrl.reward import Scorer
 from agentrl.runner.attribution import DeathFacts, Stage, Verdict, classify
@@ -108,11 +109,15 @@ class _Attempt:
     solution: str | None = None
     verdict: Verdict | None = None
     timing: Timing = field(default_factory=Timing)
+    submission: Submission | None = None  # fresh grading: collected in the policy's sandbox, graded in another
 
 
 class Scheduler:
     def __init__(self, rollout: Rollout, pool: Any, config: SchedulerConfig, *, meta: dict[str, Any] | None = None,
                  on_trajectory: Callable[[Trajectory], None] | None = None, scorer: Scorer | None = None) -> None:
+        if rollout.env.grading_sandbox not in ("same", "fresh"):
+            raise ConfigError(f"env {rollout.env.name!r}: grading_sandbox={rollout.env.grading_sandbox!r}: use "
+                              "'same' or 'fresh'")
         self.rollout = rollout
         self.scorer = scorer if scorer is not None else Scorer()  # default: unit_tests at weight 1
         self.pool = pool
@@ -270,7 +275,8 @@ class Scheduler:
     async def _leased(self, run: _Attempt) -> None:
         """Lease a sandbox (own deadline), run setup/turns/finalize in it, then return it. A failure inside is
         classified while the sandbox is still known (the backend is asked what happened to it); teardown failures
-        are logged and never change the verdict."""
+        are logged and never change the verdict. Fresh grading follows once the policy's sandbox is returned (so a
+        trajectory never holds two leases: a full pool cannot deadlock on grading)."""
         t0 = time.perf_counter()
         run.stage = Stage.lease
         lease = self.pool.lease()
@@ -278,6 +284,32 @@ class Scheduler:
         run.timing.sandbox_wait_s = time.perf_counter() - t0
         try:
             await self._in_sandbox(run, sandbox)
+        except asyncio.CancelledError as exc:
+            await self._teardown(lease, exc)
+            raise
+        except Exception as exc:  # noqa: BLE001
+            run.verdict = await self._verdict(exc, run.stage, sandbox)
+        await self._teardown(lease, None)
+        if run.submission is not None and run.verdict is None:
+            await self._grade_fresh(run, run.submission)
+
+    async def _grade_fresh(self, run: _Attempt, submission: Submission) -> None:
+        """Fresh grading: lease a second sandbox from the pool (lease_timeout_s; failing or expiring is infra, the
+        policy has no part in it), run env.grade there under what collect() left of finalize_timeout_s, return it.
+        A death of that sandbox is classified on its own facts (the policy's kept code may run in its commands)."""
+        t0 = time.perf_counter()
+        run.stage = Stage.grade_lease
+        lease = self.pool.lease()
+        sandbox = await _within(self.config.lease_timeout_s, lease.__aenter__(), "lease_timeout_s")
+        wait_s = time.perf_counter() - t0
+        run.timing.sandbox_wait_s += wait_s
+        try:
+            run.stage = Stage.finalize
+            left = max(self.config.finalize_timeout_s - run.timing.finalize_s, 0.0)
+            t = time.perf_counter()
+            run.tests = await _within(left, self.rollout.env.grade(sandbox, run.task, submission),
+                                      "finalize_timeout_s")
+            run.timing.finalize_s += time.perf_counter() - t
         except asyncio.CancelledError as exc:
             await self._teardown(lease, exc)
             raise
@@ -307,6 +339,10 @@ class Scheduler:
     async def _finalize(self, run: _Attempt, sandbox: Any) -> None:
         env = self.rollout.env
         await sandbox.kill_all()  # nothing the policy left running may touch the grading
+        if env.grading_sandbox == "fresh":  # read the policy's work as data now; graded after this lease ends
+            run.submission = await env.collect(sandbox, run.task)
+            run.solution = run.submission.solution
+            return
         run.tests = await env.finalize(sandbox, run.task)
         run.solution = await env.solution(sandbox, run.task)
 

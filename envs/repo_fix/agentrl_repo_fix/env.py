@@ -4,8 +4,12 @@ tests pass (grading.py), else 0.
 Episode: setup() unpacks the buggy tree (built on the host from the hash-checked sdist + the task's bug diff) at
 /workspace/repo as a fresh one-commit git repository (no history, no clean copy anywhere in the sandbox: the
 package is not installed in its venv, and no .pyc is shipped). The prompt names the failing tests with a trimmed
-failure message. Tools: bash / str_replace_editor / submit (tools.py). finalize() grades; solution() is the
-agent's kept diff (with the dropped paths listed), stored with the trajectory.
+failure message. Tools: bash / str_replace_editor / submit (tools.py).
+Grading runs in a FRESH sandbox (`grading_sandbox = "fresh"`): collect() packs the agent's repository once, as data,
+in its own sandbox (the graded tree and the stored solution are both built from that one pack), the runner returns
+that sandbox, and grade() runs the suite over the graded tree in a second sandbox the policy never used.
+finalize() / solution() do both steps in one given sandbox, for callers that hold only one (score_solution: where
+nothing of a policy ran, only our setup and `git apply` of a diff).
 The test venv of each package (lockfile.py) must be visible in the sandbox at its host path: `ro_binds()` lists
 them for the local backend (the docker/kubernetes image would have to carry them at the same path: not built yet).
 """
@@ -16,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs import Env, Task, register_env
+from agentrl.envs import Env, Submission, Task, register_env
 from agentrl.errors import ConfigError
 from agentrl.sandbox.base import SandboxSpec
 from agentrl.sandbox.client import Sandbox
@@ -72,6 +76,7 @@ class RepoFixEnv(Env):
     system_prompt = SYSTEM_PROMPT
     tools = TOOLS
     sandbox_spec = SandboxSpec(memory="2g", disk="512m", pids=512, default_timeout_s=60.0)
+    grading_sandbox = "fresh"
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -143,14 +148,22 @@ class RepoFixEnv(Env):
         return ToolResult(call_id=call.id, name=call.name, output=f"unknown tool {call.name!r}: use bash, "
                           "str_replace_editor or submit", error="unknown_tool")
 
-    async def finalize(self, sandbox: Sandbox, task: Task) -> TestReport:
-        await sandbox.kill_all()  # the runner does this too; score_solution relies on it here
-        try:
-            agent, skipped = await grading.read_agent_tree(sandbox)
-        except grading.PolicyBrokeRepo as exc:
-            return self.failed_report(task, str(exc))
-        graded, dropped = grading.merge(self.buggy(task.data), agent, list(task.data["tests"]))
+    async def collect(self, sandbox: Sandbox, task: Task) -> Submission:
+        """In the policy's sandbox (its processes dead): pack its repository once and read it as data; build the
+        graded tree (the host's buggy tree + the kept changes) and the stored solution from it. Raises
+        PolicyBrokeRepo when the repository cannot be packed or read (the policy's doing: scored 0)."""
+        await sandbox.kill_all()  # the runner does this too; finalize()/score_solution rely on it here
+        agent, skipped = await grading.read_agent_tree(sandbox)
+        buggy = self.buggy(task.data)
+        graded, dropped = grading.merge(buggy, agent, list(task.data["tests"]))
         dropped.update({p: "not a regular file" for p in skipped})
+        head = "".join(f"# dropped before grading: {p} ({why})\n" for p, why in sorted(dropped.items()))
+        solution = (head + trees.diff(buggy, graded)) or None
+        return Submission(payload=(graded, dropped), solution=solution)
+
+    async def grade(self, sandbox: Sandbox, task: Task, submission: Submission) -> TestReport:
+        """In a fresh sandbox: unpack the graded tree into a new directory and run the recorded suite there."""
+        graded, dropped = submission.payload
         markers = grading.harness_markers(self.buggy(task.data), graded)
         if markers:
             return self.failed_report(task, "the kept changes reach into the test harness (scored 0): "
@@ -158,7 +171,7 @@ class RepoFixEnv(Env):
         try:
             report = await grading.run_graded(sandbox, dict(task.data), graded, str(self.venv(task.data)),
                                               timeout_s=self.config.grade_timeout_s)
-        except grading.PolicyBrokeRepo as exc:  # e.g. the policy filled the workspace: its episode, scored 0
+        except grading.PolicyBrokeRepo as exc:  # e.g. the kept changes fill the disk: its episode, scored 0
             return self.failed_report(task, str(exc))
         if dropped:
             first = report.outcomes[0]
@@ -166,17 +179,20 @@ class RepoFixEnv(Env):
             report.outcomes[0] = first.model_copy(update={"message": first.message + note})
         return report
 
+    async def finalize(self, sandbox: Sandbox, task: Task) -> TestReport:
+        """collect() + grade() in one sandbox (the runner uses a fresh one for grade: see grading_sandbox)."""
+        try:
+            submission = await self.collect(sandbox, task)
+        except grading.PolicyBrokeRepo as exc:
+            return self.failed_report(task, str(exc))
+        return await self.grade(sandbox, task, submission)
+
     async def solution(self, sandbox: Sandbox, task: Task) -> str | None:
         """The agent's diff against the buggy tree that grading kept, with the dropped paths listed first."""
         try:
-            agent, skipped = await grading.read_agent_tree(sandbox)
+            return (await self.collect(sandbox, task)).solution
         except grading.PolicyBrokeRepo:
             return None
-        buggy = self.buggy(task.data)
-        graded, dropped = grading.merge(buggy, agent, list(task.data["tests"]))
-        dropped.update({p: "not a regular file" for p in skipped})
-        head = "".join(f"# dropped before grading: {p} ({why})\n" for p, why in sorted(dropped.items()))
-        return (head + trees.diff(buggy, graded)) or None
 
     def reference_solution(self, task: Task) -> str | None:
         return str(task.data["reference_diff"])
@@ -200,7 +216,7 @@ class RepoFixEnv(Env):
         return TestReport(passed=0, total=1, outcomes=outcomes, error=reason)
 
     def time_needs(self) -> dict[str, float]:
-        io = 4 * grading.TAR_TIMEOUT_S  # pack (finalize, solution) + unpack + cleanup, each bounded; reads are fast
+        io = 4 * grading.TAR_TIMEOUT_S  # pack + its cleanup, unpack + cleanup, each bounded; reads are fast
         return {"tool_call": self.config.bash_timeout_s + 15.0, "finalize": self.config.grade_timeout_s + io}
 
     def check_cases(self, task: Task) -> list[tuple[str, str, bool]]:

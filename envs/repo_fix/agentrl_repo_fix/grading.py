@@ -13,9 +13,10 @@ and running the recorded suite over a pristine copy.
 4. Verdicts come only from the JUnit XML report (never stdout). Reward input: passed=1 of total=1 iff every
    FAIL_TO_PASS and PASS_TO_PASS test passed; the per-test verdicts and the FAIL_TO_PASS fraction are outcomes.
 
-The same sandbox is used (after kill_all), not a fresh one: an Env only receives the trajectory's sandbox. What the
-policy left in it cannot reach the run (see docs/envs/repo_fix.md for the threat model and its limit: the agent's
-source changes execute in-process with pytest, like any SWE-style grader).
+Steps 1-2 run in the policy's sandbox (RepoFixEnv.collect), step 3-4 in a fresh sandbox of the same pool that the
+policy never used (RepoFixEnv.grade; the runner's `grading_sandbox = "fresh"` hook): nothing the policy left outside
+its repository's kept source files exists there. See docs/envs/repo_fix.md for the threat model and its limit: the
+agent's source changes execute in-process with pytest, like any SWE-style grader.
 """
 
 from __future__ import annotations
