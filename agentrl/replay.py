@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agentrl.envs import Env, Task, get_env
+from agentrl.envs import Env, Task, get_env, spec_for_env
 from agentrl.errors import ConfigError, InfraError, MissingDependencyError
 from agentrl.reward import DEFAULT_REWARD, RewardSpec, Scorer, recorded_specs, score
 from agentrl.sandbox.base import SandboxSpec
@@ -173,7 +173,7 @@ def spec_for(traj: Trajectory, env: Env) -> SandboxSpec:
     if not isinstance(recorded, dict):
         return env.sandbox_spec
     try:
-        return SandboxSpec.model_validate(recorded)
+        return spec_for_env(SandboxSpec.model_validate(recorded), env)  # + the env's writable dirs (e.g. /repo)
     except ValidationError as exc:
         raise ConfigError(f"trajectory {traj.id}: meta.sandbox_spec is not a valid SandboxSpec ({exc})") from exc
 

@@ -21,7 +21,7 @@ from rich.console import Console
 import agentrl
 from agentrl.cli.display import ProgressDisplay, summary_table
 from agentrl.config import RolloutConfig
-from agentrl.envs import Env, Task, get_env
+from agentrl.envs import Env, Task, get_env, spec_for_env
 from agentrl.errors import ConfigError
 from agentrl.reward import RewardSpec, Scorer
 from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig, check_time_needs
@@ -64,6 +64,8 @@ def env_backend_options(backend: str, env: Env | None) -> dict[str, Any]:
 def pool_from_config(cfg: RolloutConfig, spec: SandboxSpec, run_id: str, env: Env | None = None) -> Any:
     b, s = cfg.sandbox.backend, cfg.sandbox
     opts: dict[str, Any] = env_backend_options(b.type, env)
+    if env is not None:
+        spec = spec_for_env(spec, env)  # e.g. repo_fix's writable /repo, whatever the config's spec says
     if b.type == "docker" and b.docker_host:
         opts["docker_host"] = b.docker_host
     if b.type == "kubernetes":
@@ -217,7 +219,7 @@ async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: An
     budgets = Budgets(max_turns=cfg.budgets.max_turns, max_completion_tokens=cfg.budgets.max_completion_tokens,
                       context_window=context_window, tool_timeout_s=cfg.budgets.tool_timeout_s)
     rollout = Rollout(env=env, engine=engine, renderer=_renderer(env, tokenizer), sampling=sampling, budgets=budgets)
-    spec = cfg.sandbox.spec.model_copy(update={"default_timeout_s": cfg.budgets.tool_timeout_s})
+    spec = spec_for_env(cfg.sandbox.spec.model_copy(update={"default_timeout_s": cfg.budgets.tool_timeout_s}), env)
     meta = {"model": str(model_path), "engine": engine.info(), "sampling": sampling.model_dump(),
             "config_hash": _config_hash(cfg), "seed": cfg.seed, "deterministic": cfg.deterministic,
             "agentrl_version": agentrl.__version__,

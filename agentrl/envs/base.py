@@ -53,6 +53,15 @@ class Task:
         object.__setattr__(self, "data", MappingProxyType(dict(self.data)))
 
 
+def spec_for_env(spec: SandboxSpec, env: Env) -> SandboxSpec:
+    """`spec` (a run's sandbox resources, from its config) plus what `env` cannot run without whatever the config
+    says: the writable directories of its `sandbox_spec` (e.g. repo_fix's /repo)."""
+    need = tuple(d for d in env.sandbox_spec.writable_dirs if d not in spec.writable_dirs)
+    if not need:
+        return spec
+    return SandboxSpec.model_validate({**spec.model_dump(), "writable_dirs": spec.writable_dirs + need})
+
+
 @dataclass(frozen=True)
 class Submission:
     """What a fresh-grading env's `collect` read from the policy's sandbox: host-side data only (never a handle into

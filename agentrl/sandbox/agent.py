@@ -3,10 +3,11 @@
 
 It is copied verbatim into bubblewrap sandboxes, Docker containers and Kubernetes pods, so it imports nothing
 outside the Python 3.11 standard library and nothing of agentrl. It owns: executing commands (process groups,
-deadlines, output caps), reading/writing files confined to the workspace, killing what commands leave behind, and
+deadlines, output caps), reading/writing files confined to the workspace (and the backend's extra writable
+directories, `--writable DIR[:DIR...]`, e.g. /repo), killing what commands leave behind, and
 answering health checks. It does not own isolation or limits: the backend that started it applies those around it.
 
-    agent.py --unix PATH --workspace DIR [--run-as UID:GID]                    (local / docker: unix socket)
+    agent.py --unix PATH --workspace DIR [--run-as UID:GID] [--writable D1:D2] (local / docker: unix socket)
     agent.py --tcp HOST:PORT --token-file F --workspace DIR [--run-as U:G]     (kubernetes: bearer token required)
 
 uid separation (`--run-as UID:GID`, the agent itself runs as uid 0 with only CAP_SETUID, CAP_SETGID, CAP_KILL and,
@@ -20,7 +21,7 @@ to it (and reaped by it), so "every process a command left behind" is well defin
 
 Protocol (JSON bodies, HTTP/1.1 keep-alive with Content-Length, one thread per connection):
 
-    GET  /health   -> {ok, pid, version, workspace, uid_separated, command_uid}
+    GET  /health   -> {ok, pid, version, workspace, writable, uid_separated, command_uid}
     POST /exec     {cmd: str|list, timeout, cwd, env, stdin, output_limit, kill_leftovers}
                    -> {exit_code, stdout, stderr, timed_out, truncated, duration_s}
                    kill_leftovers: after the command, kill every process of the command user (as /kill_all)
@@ -91,8 +92,9 @@ class Identity:
         self._setfsuid = self._setfsgid = None
         self._setpriv: list[str] = []
 
-    def setup(self, libc: ctypes.CDLL, workspace: str) -> None:
-        """Drop supplementary groups, check fsuid switching works, and give the workspace root to the command user."""
+    def setup(self, libc: ctypes.CDLL, workspace: str, writable: tuple[str, ...] = ()) -> None:
+        """Drop supplementary groups, check fsuid switching works, and give the workspace root (and the extra
+        writable directories) to the command user."""
         if not self.separated:
             return
         if os.geteuid() != 0:
@@ -110,13 +112,17 @@ class Identity:
         self._setfsuid(self.uid)
         if self._setfsuid(0) != self.uid:
             sys.exit("agent: setfsuid() does not work here (CAP_SETUID missing?); cannot separate file access")
-        st = os.stat(workspace)
+        for root in (workspace, *writable):
+            self._own(root)
+
+    def _own(self, root: str) -> None:
+        st = os.stat(root)
         if (st.st_uid, st.st_gid) != (self.uid, self.gid):
             try:
-                os.chown(workspace, self.uid, self.gid)
+                os.chown(root, self.uid, self.gid)
             except PermissionError:
                 if not st.st_mode & stat.S_IWOTH:
-                    sys.exit(f"agent: workspace {workspace} is owned by {st.st_uid}:{st.st_gid}, not writable by "
+                    sys.exit(f"agent: {root} is owned by {st.st_uid}:{st.st_gid}, not writable by "
                              f"uid {self.uid}, and chown needs CAP_CHOWN: pre-own it or grant CAP_CHOWN")
 
     def wrap(self, argv: list[str]) -> list[str]:
@@ -162,13 +168,15 @@ def _prctl_setup() -> ctypes.CDLL:
 # ---------------------------------------------------------------- paths
 
 
-def resolve_in_workspace(root: str, path: object) -> str:
-    """The real path of `path` (relative to `root`, or absolute inside it); 403 when it resolves outside."""
+def resolve_in_workspace(root: str, path: object, extra: tuple[str, ...] = ()) -> str:
+    """The real path of `path` (relative to `root`, or absolute inside it or inside one of the `extra` writable
+    directories); 403 when it resolves outside all of them."""
     if not isinstance(path, str) or not path or "\x00" in path:
         raise HTTPError(400, "field 'path' must be a non-empty string")
     real = os.path.realpath(os.path.join(root, path))
-    if real != root and not real.startswith(root + os.sep):
-        raise HTTPError(403, f"path {path!r} resolves outside the workspace {root} (to {real}); use a path inside it")
+    if not any(real == r or real.startswith(r + os.sep) for r in (root, *extra)):
+        where = " or ".join((root, *extra))
+        raise HTTPError(403, f"path {path!r} resolves outside the workspace {where} (to {real}); use a path inside it")
     return real
 
 
@@ -364,8 +372,9 @@ class Agent:
     """Request handlers. Tracks the process groups it started (for timeouts and shutdown) and reaps every child
     (`Reaper`)."""
 
-    def __init__(self, workspace: str, identity: Identity | None = None) -> None:
+    def __init__(self, workspace: str, identity: Identity | None = None, writable: tuple[str, ...] = ()) -> None:
         self.workspace = os.path.realpath(workspace)
+        self.writable = tuple(os.path.realpath(d) for d in writable)
         self.identity = identity or Identity(None)
         self._groups: set[int] = set()
         self._lock = threading.Lock()
@@ -383,6 +392,7 @@ class Agent:
 
     def health(self, req: dict) -> dict:
         return {"ok": True, "pid": os.getpid(), "version": VERSION, "workspace": self.workspace,
+                "writable": list(self.writable),
                 "uid_separated": self.identity.separated, "command_uid": self.identity.uid}
 
     def exec(self, req: dict) -> dict:
@@ -444,9 +454,9 @@ class Agent:
             raise HTTPError(400, f"field 'content_b64' is not valid base64: {e}") from None
         mode = int(req.get("mode", 0o644))
         with self.identity.files(), _Denied403(req.get("path")):
-            target = resolve_in_workspace(self.workspace, req.get("path"))
+            target = resolve_in_workspace(self.workspace, req.get("path"), self.writable)
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            resolve_in_workspace(self.workspace, target)  # a parent may have been a symlink created meanwhile
+            resolve_in_workspace(self.workspace, target, self.writable)  # a parent may be a symlink made meanwhile
             fd = _open_regular(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode, req["path"])
             try:
                 view = memoryview(data)
@@ -459,7 +469,7 @@ class Agent:
 
     def read(self, req: dict) -> dict:
         with self.identity.files(), _Denied403(req.get("path")):
-            target = resolve_in_workspace(self.workspace, req.get("path"))
+            target = resolve_in_workspace(self.workspace, req.get("path"), self.writable)
             fd = _open_regular(target, os.O_RDONLY, 0, req["path"])
         with open(fd, "rb") as f:
             too_big = HTTPError(413, f"file {req['path']!r} is larger than {MAX_READ} bytes; read it in parts via "
@@ -766,12 +776,13 @@ def _token(opts: dict[str, str]) -> str | None:
     return token
 
 
-USAGE = "usage: agent.py (--unix PATH | --tcp HOST:PORT [--token-file FILE]) --workspace DIR [--run-as UID:GID]"
-OPTIONS = ("--unix", "--tcp", "--token-file", "--workspace", "--run-as")
+USAGE = ("usage: agent.py (--unix PATH | --tcp HOST:PORT [--token-file FILE]) --workspace DIR [--run-as UID:GID] "
+         "[--writable DIR[:DIR...]]")
+OPTIONS = ("--unix", "--tcp", "--token-file", "--workspace", "--run-as", "--writable")
 
 
 def _parse(argv: list[str] | None) -> dict[str, str]:
-    """--unix | --tcp, --token-file, --workspace, --run-as (hand-parsed: argparse costs ~10 ms of start-up)."""
+    """--unix | --tcp, --token-file, --workspace, --run-as, --writable (hand-parsed: argparse costs ~10 ms)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) % 2 or any(k not in OPTIONS for k in args[::2]):
         sys.exit(USAGE)
@@ -798,9 +809,11 @@ def main(argv: list[str] | None = None) -> int:
     opts = _parse(argv)
     token = _token(opts)
     identity = Identity(_run_as(opts.get("--run-as")))
-    os.makedirs(opts["--workspace"], exist_ok=True)
-    identity.setup(_prctl_setup(), opts["--workspace"])
-    agent = Agent(opts["--workspace"], identity)
+    writable = tuple(d for d in opts.get("--writable", "").split(":") if d)
+    for d in (opts["--workspace"], *writable):
+        os.makedirs(d, exist_ok=True)
+    identity.setup(_prctl_setup(), opts["--workspace"], writable)
+    agent = Agent(opts["--workspace"], identity, writable)
     sock = _listen(opts)
     signal.signal(signal.SIGTERM, _on_sigterm)
     print(READY_LINE, flush=True)

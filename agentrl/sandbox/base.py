@@ -7,6 +7,7 @@ Control plane vs data plane: a `SandboxBackend` only creates, watches and delete
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -14,6 +15,9 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 _MEM_RE = re.compile(r"^(\d+)([kmgKMG]?)$")
+# where a writable dir may not go: the system, the backends' own mounts (workspace, /tmp, the agent's directory)
+RESERVED_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc", "/dev", "/sys",
+                 "/run", "/var", "/tmp", "/workspace", "/.agentrl", "/agentrl", "/agentrl-src", "/agentrl-key")
 
 
 def parse_memory(value: str) -> int:
@@ -40,11 +44,28 @@ class SandboxSpec(BaseModel):
     default_timeout_s: float = Field(default=30.0, gt=0)
     network: bool = False
     ttl_s: int = Field(default=3600, ge=10)
+    # extra empty writable directories outside the workspace (e.g. ("/repo",) for an SWE-style repository), each
+    # owned by the sandbox user, size-limited like the workspace (`disk` each) and usable by the file API
+    writable_dirs: tuple[str, ...] = ()
 
     @field_validator("memory", "disk")
     @classmethod
     def _mem(cls, v: str) -> str:
         parse_memory(v)
+        return v
+
+    @field_validator("writable_dirs")
+    @classmethod
+    def _writable(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for d in v:
+            if not d.startswith("/") or posixpath.normpath(d) != d or d == "/" or ":" in d:
+                raise ValueError(f"writable_dirs: {d!r} must be a normalized absolute path other than / (no ':'), "
+                                 "e.g. '/repo'")
+            if any(d == r or d.startswith(r + "/") or r.startswith(d + "/") for r in RESERVED_DIRS):
+                raise ValueError(f"writable_dirs: {d!r} overlaps a directory the sandbox owns "
+                                 f"({', '.join(RESERVED_DIRS)}): pick another, e.g. '/repo'")
+        if len(set(v)) != len(v) or any(a != b and a.startswith(b + "/") for a in v for b in v):
+            raise ValueError(f"writable_dirs: {list(v)} repeat or nest: list each directory once, none inside another")
         return v
 
     @property

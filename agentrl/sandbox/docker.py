@@ -11,7 +11,8 @@ One sandbox = one container:
     command    python3 (alarm at ttl_s, then exec) python3 /agentrl/agent.py --unix /agentrl-sock/agent.sock
                --workspace /workspace [--run-as 1000:1000]; docker-init (tini) is pid 1
     mounts     agent.py read-only at /agentrl/agent.py; the host socket dir at /agentrl-sock;
-               tmpfs /workspace and /tmp (size = spec.disk, owned by the sandbox user)
+               tmpfs /workspace, /tmp and each of spec.writable_dirs (size = spec.disk, owned by the sandbox user;
+               the agent gets --writable for the latter)
     limits     nano_cpus = spec.cpus, mem_limit == memswap_limit = spec.memory (no swap), pids_limit = spec.pids
     hardening  read-only root fs, cap_drop ALL, no-new-privileges, Docker's default seccomp, network "none" unless
                spec.network (then `network`, default "bridge"); uid separation when the host side is root: the
@@ -286,7 +287,8 @@ class DockerBackend:
         host_config = api.create_host_config(
             binds={str(self._agent_file): {"bind": AGENT_PATH, "mode": "ro"},
                    str(sock_dir): {"bind": SOCK_DIR, "mode": "rw"}},
-            tmpfs={WORKSPACE: tmpfs_opts, "/tmp": f"size={spec.disk_bytes},mode=1777,exec"},
+            tmpfs={WORKSPACE: tmpfs_opts, "/tmp": f"size={spec.disk_bytes},mode=1777,exec",
+                   **{d: tmpfs_opts for d in spec.writable_dirs}},  # e.g. /repo: owned by the command user
             nano_cpus=int(spec.cpus * 1e9), mem_limit=spec.memory_bytes, memswap_limit=spec.memory_bytes,
             pids_limit=spec.pids, network_mode=self._network if spec.network else "none",
             read_only=True, cap_drop=["ALL"], cap_add=AGENT_CAPS if self._root_host else None,
@@ -297,6 +299,8 @@ class DockerBackend:
         agent = ["python3", AGENT_PATH, "--unix", f"{SOCK_DIR}/agent.sock", "--workspace", WORKSPACE]
         if self._root_host:
             agent += ["--run-as", self._command_user]
+        if spec.writable_dirs:
+            agent += ["--writable", ":".join(spec.writable_dirs)]
         command = ["python3", "-c", _TTL_EXEC, str(spec.ttl_s), *agent]
         return {"image": spec.image, "name": handle.id, "command": command,
                 "user": "0:0" if self._root_host else self._command_user, "working_dir": WORKSPACE,

@@ -13,7 +13,8 @@ Each sandbox gets `<state root>/<id>/` on the host:
     passwd,group bound read-only over /etc/passwd and /etc/group (uid 1000 "agent")
 
 Inside: new pid/net/ipc/uts/mount namespaces, read-only /usr (and /bin, /lib* links), a few files of /etc, a
-size-limited tmpfs at /workspace, /tmp and /dev/shm, minimal /dev and /proc; no /root, /home, /work or other host
+size-limited tmpfs at /workspace, /tmp and /dev/shm (and at each of `spec.writable_dirs`, e.g. /repo, which the
+agent gives to the sandbox user), minimal /dev and /proc; no /root, /home, /work or other host
 directories unless `ro_binds` names them. Killing bwrap (our child) kills the sandbox's pid namespace
 (--die-with-parent); cgroups catch the rest. Who runs as whom depends on the host user:
 
@@ -155,6 +156,10 @@ class LocalBackend:
 
     async def create(self, spec: SandboxSpec, labels: dict[str, str]) -> SandboxHandle:
         """Start one sandbox; return once its agent listens (it printed its ready line)."""
+        if self.unsafe and spec.writable_dirs:
+            raise ConfigError(f"sandbox spec writable_dirs={list(spec.writable_dirs)} needs isolation (bubblewrap): "
+                              "a plain process cannot get its own directories at those paths; drop "
+                              "unsafe_no_isolation")
         sid = uuid.uuid4().hex[:12]
         path = self.state_root / sid
         t0 = time.monotonic()
@@ -237,6 +242,8 @@ class LocalBackend:
                  "--workspace", WORKSPACE]
         if self.uid_separated:
             agent += ["--run-as", f"{SANDBOX_UID}:{SANDBOX_UID}"]
+        if spec.writable_dirs:
+            agent += ["--writable", ":".join(spec.writable_dirs)]
         return [self.bwrap, *self._namespace_args(spec), *self._mount_args(spec, path), *self._env_args(),
                 "--chdir", WORKSPACE, "--", *agent]
 
@@ -268,8 +275,10 @@ class LocalBackend:
                  "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", shm, "--tmpfs", "/dev/shm",
                  "--perms", "1777", "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs", WORKSPACE]
         extras = self.ro_binds + self._interpreter_binds()
-        for parent in self._parent_dirs(extras):
+        for parent in self._parent_dirs(extras + spec.writable_dirs):
             args += ["--perms", "0755", "--dir", parent]
+        for d in spec.writable_dirs:  # created root-owned when uid-separated: the agent chowns them (CAP_CHOWN)
+            args += ["--perms", "0755", "--size", disk, "--tmpfs", d]
         for extra in extras:  # after the tmpfs mounts: a venv under /tmp stays visible
             args += ["--ro-bind", extra, extra]
         args += ["--ro-bind", self._agent_file, f"{AGENT_DIR}/agent.py",

@@ -19,7 +19,7 @@ from agentrl_repo_fix import RepoFixEnv
 from agentrl_repo_fix.lockfile import ensure_venv, fetch_sdist, load_lockfile
 
 from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
-from agentrl.sandbox import SandboxPool, SandboxSpec
+from agentrl.sandbox import SandboxPool
 from agentrl.testing.scripted import ScriptedEngine
 from agentrl.tools.render import ChatRenderer
 from agentrl.types import SamplingParams, Status, ToolCall
@@ -39,7 +39,7 @@ def env() -> RepoFixEnv:
 
 
 def _pool(env: RepoFixEnv, n: int = 1) -> SandboxPool:
-    return SandboxPool(backend="local", spec=SandboxSpec(default_timeout_s=60, memory="2g", disk="512m"), warm=n,
+    return SandboxPool(backend="local", spec=env.sandbox_spec, warm=n,
                        max_sandboxes=n, run_id=uuid.uuid4().hex[:8], backend_options={"ro_binds": env.ro_binds()})
 
 
@@ -94,10 +94,10 @@ async def test_tools_behave_as_described(env: RepoFixEnv) -> None:
         copies = dict(zip(found[1::2], found[0::2]))  # path -> sha256 of every file named like the buggy one
         pristine = hashlib.sha256(env.pristine(task.data)[src_file]).hexdigest()
         buggy = hashlib.sha256(env.buggy(task.data)[src_file]).hexdigest()
-        assert copies[f"/workspace/repo/{src_file}"] == buggy and pristine not in copies.values(), copies
+        assert copies[f"/repo/{src_file}"] == buggy and pristine not in copies.values(), copies
         await env.call_tool(sb, call("bash", command="cd inflection && export FOO=bar"), task=task)
         r = await env.call_tool(sb, call("bash", command="pwd; echo $FOO; command -v python"), task=task)
-        assert r.output.split()[:2] == ["/workspace/repo/inflection", "bar"], r.output
+        assert r.output.split()[:2] == ["/repo/inflection", "bar"], r.output
         assert r.output.split()[2].endswith("/bin/python") and "venvs" in r.output
         r = await env.call_tool(sb, call("bash", command="seq 1 100000"), task=task)
         assert r.truncated and r.output.startswith("1\n") and r.output.rstrip().endswith("100000")
@@ -108,7 +108,7 @@ async def test_tools_behave_as_described(env: RepoFixEnv) -> None:
         r = await env.call_tool(sb, call("bash", command="exit 3"), task=task)
         assert r.exit_code == 3 and "[exit code 3]" in r.output
         r = await env.call_tool(sb, call("bash", command="pwd"), task=task)
-        assert r.output.strip() == "/workspace/repo/inflection", "state survives an `exit` in the command"
+        assert r.output.strip() == "/repo/inflection", "state survives an `exit` in the command"
         r = await env.call_tool(sb, call("str_replace_editor", command="view", path=src_file, view_range=[1, 3]),
                                 task=task)
         assert r.error is None and r.output.splitlines()[0].lstrip().startswith("1\t")
@@ -119,13 +119,13 @@ async def test_tools_behave_as_described(env: RepoFixEnv) -> None:
         r = await env.call_tool(sb, call("str_replace_editor", command="str_replace", path=src_file,
                                          old_str="no such text anywhere", new_str="x"), task=task)
         assert r.error == "tool_failed" and "occurs 0 times" in r.output
-        before = await sb.read_bytes(f"/workspace/repo/{src_file}")
+        before = await sb.read_bytes(f"/repo/{src_file}")
         r = await env.call_tool(sb, call("str_replace_editor", command="insert", path=src_file, insert_line=0,
                                          new_str="# hello"), task=task)
         assert r.error is None
-        assert (await sb.read_bytes(f"/workspace/repo/{src_file}")).startswith(b"# hello\n")
+        assert (await sb.read_bytes(f"/repo/{src_file}")).startswith(b"# hello\n")
         r = await env.call_tool(sb, call("str_replace_editor", command="undo_edit", path=src_file), task=task)
-        assert r.error is None and await sb.read_bytes(f"/workspace/repo/{src_file}") == before
+        assert r.error is None and await sb.read_bytes(f"/repo/{src_file}") == before
         r = await env.call_tool(sb, call("str_replace_editor", command="view", path="/etc/passwd"), task=task)
         assert r.error == "tool_failed"
         r = await env.call_tool(sb, call("submit"), task=task)
@@ -251,3 +251,57 @@ async def test_planted_hooks_neither_forge_a_pass_nor_break_an_honest_fix(env: R
         for dropped in ("conftest.py (test/build configuration)", "sitecustomize.py (test/build configuration)",
                         "tests_extra/conftest.py (test/build configuration)", "linked_file (not a regular file)"):
             assert dropped in message and f"# dropped before grading: {dropped}" in solution, (dropped, message)
+
+
+class _ProbedEnv(RepoFixEnv):
+    """repo_fix that records which sandboxes the policy and the grader used, and what the grading sandbox holds
+    (outside the grader's own files) just before the suite runs."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.policy: set[str] = set()
+        self.graded_in: list[str] = []
+        self.probes: list[str] = []
+
+    async def call_tool(self, sandbox: Any, call: ToolCall, *, task: Any) -> Any:
+        self.policy.add(sandbox.id)
+        return await super().call_tool(sandbox, call, task=task)
+
+    async def grade(self, sandbox: Any, task: Any, submission: Any) -> Any:
+        self.graded_in.append(sandbox.id)
+        probe = await sandbox.exec(["sh", "-c", "find /workspace /tmp /repo -mindepth 1; s=sle; s=${s}ep; "
+                                    "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | "
+                                    "grep \"$s 1000\"; done; true"], timeout=20)
+        self.probes.append(probe.stdout)
+        return await super().grade(sandbox, task, submission)
+
+
+async def test_what_the_policy_leaves_outside_repo_is_absent_where_grading_runs(env: RepoFixEnv,
+                                                                                 smollm2_tokenizer: Any) -> None:
+    """Through the real runner: the policy plants a user-site .pth, sitecustomize in /tmp and the workspace, a conftest
+    and a background process, then fixes the bug. Grading runs in another sandbox that holds none of it (the workspace,
+    /tmp and /repo are empty, no process of the policy), and the fix still earns 1.0."""
+    probed = _ProbedEnv(packages=[PACKAGE])
+    task = next(t for t in probed.tasks() if str(t.data["reference_diff"]).count("@@ -") == 1)
+    path, old, new = _edit_from_reference(str(task.data["reference_diff"]))
+    plant = PLANT + "setsid sleep 1000 </dev/null >/dev/null 2>&1 &\necho extra > /workspace/notes.txt\n"
+    replies = [_call("bash", command=plant),
+               _call("str_replace_editor", command="str_replace", path=path, old_str=old, new_str=new),
+               _call("bash", command="ls -A /tmp /workspace | head; ls ~/.local/lib/python3.11/site-packages"),
+               _call("submit")]
+    engine = ScriptedEngine(smollm2_tokenizer, replies, context_window=32768)
+    rollout = Rollout(env=probed, engine=engine, renderer=ChatRenderer(smollm2_tokenizer),
+                      sampling=SamplingParams(temperature=1.0, max_new_tokens=2048,
+                                              stop_token_ids=[smollm2_tokenizer.eos_token_id]),
+                      budgets=Budgets(max_turns=10, max_completion_tokens=30000, context_window=32768,
+                                      tool_timeout_s=120))
+    async with _pool(probed) as pool:
+        traj = await Scheduler(rollout, pool, SchedulerConfig(group_size=1)).run_one(task, group_id="g",
+                                                                                     sample_index=0)
+    assert traj.status is Status.ok and traj.reward == 1.0, (traj.status, traj.error, traj.tests)
+    seen = traj.turns[2].tool_results[0].output
+    assert "evil.pth" in seen and "notes.txt" in seen, f"the plants exist in the policy's sandbox: {seen}"
+    (policy,) = probed.policy
+    assert probed.graded_in and probed.graded_in[0] != policy, "graded in a sandbox of its own"
+    assert probed.probes == [""], f"the policy's leftovers reached the grading sandbox: {probed.probes}"
+    assert traj.solution and "# dropped before grading: conftest.py" in traj.solution

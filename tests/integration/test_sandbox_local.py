@@ -445,3 +445,37 @@ def test_unknown_backend_and_bad_options_are_config_errors(state_dir: Path) -> N
         LocalBackend(state_dir=state_dir / ("x" * 120))
     with pytest.raises(ConfigError, match="max_sandboxes"):
         SandboxPool("local", SPEC, max_sandboxes=0)
+
+
+def test_writable_dirs_are_validated() -> None:
+    assert SandboxSpec(writable_dirs=("/repo", "/data/x")).writable_dirs == ("/repo", "/data/x")
+    for bad in (("repo",), ("/",), ("/repo/",), ("/tmp/x",), ("/workspace",), ("/usr/local/x",), ("/repo", "/repo"),
+                ("/data", "/data/x"), ("/a:b",)):
+        with pytest.raises(ValueError, match="writable_dirs"):
+            SandboxSpec(writable_dirs=bad)
+
+
+@needs_bwrap
+async def test_writable_dir_outside_the_workspace(state_dir: Path) -> None:
+    """A spec's writable dir (e.g. /repo) is an empty, size-limited directory of the sandbox user, usable by commands
+    and the file API, fresh in every sandbox; the rest of the root stays read-only."""
+    spec = SPEC.model_copy(update={"writable_dirs": ("/repo", "/data/deep")})
+    async with SandboxPool("local", spec, warm=0, max_sandboxes=2, state_dir=state_dir) as p:
+        async with p.lease() as sb:
+            r = await sb.exec(["sh", "-c", "ls -A /repo; stat -c '%u %a' /repo /data/deep; id -u; "
+                                           "export GIT_CONFIG_NOSYSTEM=1; git init -q /repo && git -C /repo status --short && echo git-ok; "
+                                           "echo hi > /repo/a.txt; touch /elsewhere 2>&1 || echo ro-root"])
+            lines = r.stdout.split("\n")
+            uid = lines[2]
+            assert lines[:2] == [f"{uid} 755", f"{uid} 755"] and "git-ok" in r.stdout and "ro-root" in r.stdout, r
+            assert await sb.read_bytes("/repo/a.txt") == b"hi\n"
+            await sb.write_file("/data/deep/b/c.txt", "x")
+            assert (await sb.exec(["cat", "/data/deep/b/c.txt"])).stdout == "x"
+            with pytest.raises(SandboxPathError):
+                await sb.read_bytes("/etc/hostname")
+            r = await sb.exec(["sh", "-c", "head -c 70000000 /dev/zero > /repo/big 2>&1; echo rc=$?"])
+            assert "rc=0" not in r.stdout, "the writable dir is size-limited (spec.disk)"
+            r = await sb.exec(["sh", "-c", "cd /repo && pwd -P"])
+            assert r.stdout.strip() == "/repo"
+        async with p.lease() as sb:
+            assert (await sb.exec(["ls", "-A", "/repo"])).stdout == "", "every sandbox gets its own, empty"

@@ -11,7 +11,8 @@ One sandbox pod:
         copies agent.py from the agent ConfigMap (mounted only here) into the `agentrl` emptyDir and writes
         `token` = HMAC-SHA256(namespace key, pod name), 0400; the key Secret is mounted only here
     container sandbox: python3 /agentrl/agent.py --tcp $(POD_IP):PORT --token-file /agentrl/token
-        --workspace /workspace --run-as 1000:1000; /agentrl read-only, /workspace and /tmp emptyDirs of spec.disk
+        --workspace /workspace --run-as 1000:1000 [--writable D]; /agentrl read-only, /workspace, /tmp and each of
+        spec.writable_dirs (volumes writable-N, chowned by the agent) emptyDirs of spec.disk
     pod: no service-account token, no service links, restartPolicy Never, activeDeadlineSeconds as TTL,
         runAsNonRoot (uid/gid 1000) by default, seccomp RuntimeDefault, no fsGroup; every container: no privilege
         escalation, read-only root filesystem, all capabilities dropped, resources requests == limits
@@ -227,7 +228,8 @@ def _resources(cpu: str, memory: str, storage: str) -> Obj:
 def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
     """The pod spec of one sandbox (before the user's template is merged in)."""
     disk = quantity(spec.disk_bytes)
-    storage = quantity(2 * spec.disk_bytes + (64 << 20))  # workspace + /tmp + logs and the agent dir
+    storage = quantity((2 + len(spec.writable_dirs)) * spec.disk_bytes + (64 << 20))  # workspace, /tmp, writable
+    writable = [(f"writable-{i}", d) for i, d in enumerate(spec.writable_dirs)]  # dirs, logs and the agent dir
     init = {
         "name": INIT, "image": spec.image,
         "command": ["python3", "-c", INIT_SCRIPT, f"{SRC_DIR}/agent.py", f"{KEY_DIR}/key", AGENT_DIR],
@@ -240,7 +242,8 @@ def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
     main = {
         "name": CONTAINER, "image": spec.image,
         "command": ["python3", f"{AGENT_DIR}/agent.py", "--tcp", f"$(POD_IP):{opts.agent_port}",
-                    "--token-file", f"{AGENT_DIR}/token", "--workspace", WORKSPACE, "--run-as", f"{UID}:{UID}"],
+                    "--token-file", f"{AGENT_DIR}/token", "--workspace", WORKSPACE, "--run-as", f"{UID}:{UID}",
+                    *(["--writable", ":".join(spec.writable_dirs)] if writable else [])],
         "workingDir": WORKSPACE,
         "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                 {"name": "HOME", "value": WORKSPACE}, {"name": "TMPDIR", "value": TMP}],
@@ -250,7 +253,8 @@ def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
         "resources": _resources(cpu_quantity(spec.cpus), quantity(spec.memory_bytes), storage),
         "securityContext": _as_root(AGENT_CAPS),
         "volumeMounts": [{"name": "agentrl", "mountPath": AGENT_DIR, "readOnly": True},
-                         {"name": "workspace", "mountPath": WORKSPACE}, {"name": "tmp", "mountPath": TMP}],
+                         {"name": "workspace", "mountPath": WORKSPACE}, {"name": "tmp", "mountPath": TMP},
+                         *({"name": name, "mountPath": d} for name, d in writable)],  # the agent chowns them
     }
     if opts.image_pull_policy:
         init["imagePullPolicy"] = main["imagePullPolicy"] = opts.image_pull_policy
@@ -265,6 +269,7 @@ def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
         "volumes": [{"name": "agentrl", "emptyDir": {"sizeLimit": "16Mi"}},
                     {"name": "workspace", "emptyDir": {"sizeLimit": disk}},
                     {"name": "tmp", "emptyDir": {"sizeLimit": disk}},
+                    *({"name": name, "emptyDir": {"sizeLimit": disk}} for name, _ in writable),
                     {"name": "agent-src", "configMap": {"name": opts.agent_configmap, "defaultMode": 0o444}},
                     {"name": "agent-key", "secret": {"secretName": opts.key_secret, "defaultMode": 0o440}}],
     }
@@ -290,7 +295,8 @@ def check_template(template: Any) -> None:
                               f"with {', '.join(sorted(TEMPLATE_CONTAINER_KEYS))} may be given")
     for v in spec.get("volumes") or []:
         if any(k in v for k in FORBIDDEN_VOLUMES) or v.get("name") in ("agentrl", "workspace", "tmp", "agent-src",
-                                                                      "agent-key"):
+                                                                      "agent-key") \
+                or str(v.get("name", "")).startswith("writable-"):
             raise ConfigError(f"sandbox.backend.pod_template.spec.volumes: volume {v.get('name')!r} is not allowed "
                               "(hostPath volumes and the backend's own volume names are refused)")
     meta = template.get("metadata") or {}

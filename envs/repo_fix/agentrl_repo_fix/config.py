@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from agentrl.errors import ConfigError
 from agentrl.types import ToolSpec
 
-REPO = "/workspace/repo"  # the local backend's root is read-only: the repository lives in the sandbox workspace
+REPO = "/repo"  # a writable directory of its own (SandboxSpec.writable_dirs), outside the workspace
 STATE_DIR = "/workspace/.agentrl"  # the tools' own state (bash env/cwd, undo stacks); outside the repository
 DEFAULT_TASKS = Path(__file__).with_name("data") / "tasks.jsonl"
 

@@ -2,7 +2,7 @@
 tests pass (grading.py), else 0.
 
 Episode: setup() unpacks the buggy tree (built on the host from the hash-checked sdist + the task's bug diff) at
-/workspace/repo as a fresh one-commit git repository (no history, no clean copy anywhere in the sandbox: the
+/repo (a writable directory every backend provides: `sandbox_spec.writable_dirs`) as a fresh one-commit git repository (no history, no clean copy anywhere in the sandbox: the
 package is not installed in its venv, and no .pyc is shipped). The prompt names the failing tests with a trimmed
 failure message. Tools: bash / str_replace_editor / submit (tools.py).
 Grading runs in a FRESH sandbox (`grading_sandbox = "fresh"`): collect() packs the agent's repository once, as data,
@@ -75,7 +75,7 @@ class RepoFixEnv(Env):
     action_format = "hermes"
     system_prompt = SYSTEM_PROMPT
     tools = TOOLS
-    sandbox_spec = SandboxSpec(memory="2g", disk="512m", pids=512, default_timeout_s=60.0)
+    sandbox_spec = SandboxSpec(memory="2g", disk="512m", pids=512, default_timeout_s=60.0, writable_dirs=(REPO,))
     grading_sandbox = "fresh"
 
     def __init__(self, **options: Any) -> None:
@@ -125,6 +125,9 @@ class RepoFixEnv(Env):
     # -- episode
 
     async def setup(self, sandbox: Sandbox, task: Task) -> None:
+        if REPO not in sandbox.spec.writable_dirs:
+            raise ConfigError(f"repo_fix needs a writable {REPO} in its sandboxes: create the pool with "
+                              "agentrl.envs.spec_for_env(spec, env) or a SandboxSpec with writable_dirs=('/repo',)")
         archive = "/workspace/.agentrl-setup.tar"
         await sandbox.write_file(archive, trees.to_tar(self.buggy(task.data)))
         script = (f"set -e; mkdir -p {REPO}; tar -xf {archive} -C {REPO}; rm -f {archive}; cd {REPO}; "
@@ -204,7 +207,7 @@ class RepoFixEnv(Env):
         if solution.strip():
             await sandbox.write_file("/workspace/.agentrl-solution.diff", solution)
             res = await sandbox.exec(["git", "apply", "--whitespace=nowarn", "/workspace/.agentrl-solution.diff"],
-                                     cwd="repo", timeout=SETUP_TIMEOUT_S, env=GIT_ENV)
+                                     cwd=REPO, timeout=SETUP_TIMEOUT_S, env=GIT_ENV)
             if res.exit_code != 0:
                 return self.failed_report(task, f"the solution diff does not apply: {res.stderr.strip()[-300:]}")
         return await self.finalize(sandbox, task)
