@@ -31,6 +31,9 @@ def test_engine_failure_is_infra_in_every_stage(stage: Stage) -> None:
     (Stage.lease, TimeoutError(), True, "lease_timeout"),
     (Stage.setup, DIED, False, "setup_failed"),
     (Stage.setup, TimeoutError(), True, "setup_timeout"),
+    (Stage.grade_lease, SandboxStartError("no bwrap"), False, "grade_sandbox_start"),
+    (Stage.grade_lease, TimeoutError(), True, "grade_lease_timeout"),
+    (Stage.grade_lease, RuntimeError("pool closed"), False, "grade_lease_failed"),
 ])
 def test_failures_before_the_policy_acts_are_infra(stage: Stage, exc: Exception, expired: bool, kind: str) -> None:
     v = classify(exc, stage, deadline_expired=expired)

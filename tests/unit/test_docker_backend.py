@@ -123,3 +123,12 @@ def test_container_death_cause(state: dict | None, cause: str | None) -> None:
     from agentrl.sandbox.docker import container_death_cause
 
     assert container_death_cause(state) == cause
+
+
+def test_writable_dirs_are_tmpfs_owned_like_the_workspace(tmp_path: Path) -> None:
+    cfg = _config(SandboxSpec(disk="64m", writable_dirs=("/repo",)), tmp_path)
+    tmpfs = cfg["host_config"]["Tmpfs"]
+    assert tmpfs["/repo"] == tmpfs["/workspace"], "same size and owner as the workspace"
+    agent = cfg["command"]
+    assert agent[agent.index("--writable") + 1] == "/repo", "the agent serves files there"
+    assert "--writable" not in _config(SandboxSpec(), tmp_path)["command"]
