@@ -28,6 +28,7 @@ seen) and skipped when the check fails, so the ids are the same either way:
 from __future__ import annotations
 
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ _DUMMY_USER = "dummy"
 _DUMMY_ASSISTANT = "dummy"
 _FIELDS = ("content", "name", "tool_call_id")
 _SENTINEL = "\ue000agentrl-slot-{}\ue001"  # private-use characters: no template writes them
+_SLOT = re.compile("\ue000agentrl-slot-([0-9]+)\ue001")
 _PROBE_CONTENTS = (
     "x",
     "exit code 0\nstdout:\nline one\n\nline three\n",
@@ -94,11 +96,8 @@ class _Direct:
     @classmethod
     def build(cls, tok: Any, tools: list[dict[str, Any]] | None, probes: list[list[dict[str, Any]]]) -> _Direct | None:
         try:
-            from transformers.utils.chat_template_utils import _compile_jinja_template, _plain_template_data
-
-            compiled = _compile_jinja_template(tok.get_chat_template(None, tools))
-            direct = cls(compiled, _plain_template_data(tools), _plain_template_data(dict(tok.special_tokens_map)),
-                         _encoder(tok))
+            compiled, plain = _compiled_template(tok, tools)
+            direct = cls(compiled, plain(tools), plain(dict(tok.special_tokens_map)), _encoder(tok))
             for messages in probes:
                 for gen in (True, False):
                     want = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=gen,
@@ -113,6 +112,14 @@ class _Direct:
             log.info("chat template: no direct render (%s: %s); using apply_chat_template", type(exc).__name__, exc)
             return None
         return direct
+
+
+def _compiled_template(tok: Any, tools: list[dict[str, Any]] | None) -> tuple[Any, Callable[[Any], Any]]:
+    """transformers' cached compiled template for this tokenizer and its plain-data converter (private helpers of
+    transformers: any change there makes `_Direct.build` fail its check, and apply_chat_template is used)."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template, _plain_template_data
+
+    return _compile_jinja_template(tok.get_chat_template(None, tools)), _plain_template_data
 
 
 def _encoder(tok: Any) -> Callable[[str], list[int]]:
@@ -298,21 +305,9 @@ class ChatRenderer:
         assert self._prefix_text is not None
         if not text.startswith(self._prefix_text):
             return None
-        pieces = text[len(self._prefix_text):]
-        parts: list[str] = []
-        order: list[tuple[int, str]] = []
-        for k in range(len(slots)):
-            sentinel = _SENTINEL.format(k)
-            if pieces.count(sentinel) != 1:
-                return None  # a field rendered twice, transformed or not at all: no substitution
-        positions = sorted((pieces.index(_SENTINEL.format(k)), k) for k in range(len(slots)))
-        at = 0
-        for pos, k in positions:
-            parts.append(pieces[at:pos])
-            order.append(slots[k])
-            at = pos + len(_SENTINEL.format(k))
-        parts.append(pieces[at:])
-        shape = _Shape(tuple(parts), tuple(order))
+        pieces = _SLOT.split(text[len(self._prefix_text):])  # literal, slot number, literal, ...
+        parts, order = tuple(pieces[0::2]), tuple(slots[int(k)] for k in pieces[1::2])
+        shape = _Shape(parts, order)  # a field the template does not write has no slot (probes vary it too)
         if not all(self._encode(shape.fill(p)) == self._suffix_full(p) for p in _probes(obs, slots)):
             log.info("chat template: observation shape %s is not substitutable; rendering it in full",
                      [m["role"] for m in obs])
