@@ -63,8 +63,12 @@ class TemplateError(ValueError):
     """The chat template is not prefix-preserving in a way we can slice; names the template problem."""
 
 
+_MESSAGE_FIELDS = tuple(Message.model_fields)
+
+
 def _as_dict(message: Message) -> dict[str, Any]:
-    return message.model_dump(exclude_none=True)
+    """`message.model_dump(exclude_none=True)` (its fields are plain strings), without pydantic's serializer."""
+    return {k: v for k in _MESSAGE_FIELDS if (v := getattr(message, k)) is not None}
 
 
 def _as_dicts(messages: list[Message]) -> list[dict[str, Any]]:

@@ -173,3 +173,10 @@ def test_rust_decode_and_encode_match_transformers(smollm2_tokenizer) -> None:  
         ids = list(smollm2_tokenizer.encode(text, add_special_tokens=False))
         assert r.encode(text) == ids
         assert r.decode(ids) == smollm2_tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def test_message_dicts_are_model_dump(smollm2_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    for m in [Message(role="user", content=""), Message(role="tool", content="x\n", name="n", tool_call_id="c"),
+              Message(role="assistant", content="ü", name=None)]:
+        assert render._as_dict(m) == m.model_dump(exclude_none=True)
+        assert list(render._as_dict(m)) == list(m.model_dump(exclude_none=True))  # same key order for templates
