@@ -180,7 +180,7 @@ class ChatRenderer:
     """Renders messages for one tokenizer (+ optional tools for templates that list them in the system prompt).
 
     `fast=False` turns the fast paths off (every render goes through `apply_chat_template`); `stats` counts which
-    path each suffix took."""
+    path each suffix took. Its caches are not locked: use it from one thread (the event loop)."""
 
     def __init__(self, tokenizer: Any, tools: list[ToolSpec] | None = None, *, fast: bool = True) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
