@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -100,7 +99,8 @@ async def one_size(tok: Any, n: int, turns: int, out_dir: Path) -> dict[str, Any
             "mem_kib_per_trajectory": round(peak / max(stored, 1) / 1024, 1),
             "store_traj_per_s": round(stored / max(store_s, 1e-9), 1),
             "sandbox_deaths": pool.deaths, "infra_errors": sched.progress.infra_errors,
-            "prefix_cached_frac": round(engine.cached_tokens / max(1, engine.input_tokens), 3)}
+            "prefix_cached_frac": round(engine.cached_tokens / max(1, engine.input_tokens), 3),
+            "renderer": dict(sched.rollout.renderer.stats)}  # which render paths were taken (fast / full)
 
 
 async def oversample_run(tok: Any, oversample: float, steps: int, batch: int) -> dict[str, Any]:
