@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from agentrl.envs.base import Task
+from agentrl.envs.base import Task, lease_sandbox
 from agentrl.errors import ConfigError, SandboxDiedError
 from agentrl.reward import Scorer
 from agentrl.runner.attribution import DeathFacts, Stage, Verdict, classify
@@ -273,7 +273,7 @@ class Scheduler:
         are logged and never change the verdict."""
         t0 = time.perf_counter()
         run.stage = Stage.lease
-        lease = self.pool.lease()
+        lease = lease_sandbox(self.pool, self.rollout.env, run.task)
         sandbox = await _within(self.config.lease_timeout_s, lease.__aenter__(), "lease_timeout_s")
         run.timing.sandbox_wait_s = time.perf_counter() - t0
         try:
