@@ -82,7 +82,7 @@ async def main(package: str, episodes: int, calls: int, backends: list[str], war
     print("| --- |" + " ---: |" * len(backends))
     for name in ("lease", "setup", "bash", "view", "grade"):
         print(f"| {name} | " + " | ".join(f"{_p50(columns[b][name]):.3f}" for b in backends) + " |")
-    print(f"| host suite run (floor for grading) | " + " | ".join(f"{_p50(host):.3f}" for _ in backends) + " |")
+    print("| host suite run (floor for grading) | " + " | ".join(f"{_p50(host):.3f}" for _ in backends) + " |")
     print("| grading / host suite | " + " | ".join(f"{_p50(columns[b]['grade']) / _p50(host):.2f}x"
                                                    for b in backends) + " |")
 

@@ -17,7 +17,8 @@ image: `Env.sandbox_image(task)`). Warm sandboxes are kept per image; the `warm`
 proportion to the last `warm` leases (the pool's own image until then), and when the warm set is full a ready
 sandbox of an image that is over its share is destroyed to make room for one that is under it.
 
-Pool exit stops the refillers (a create in flight cleans up after itself), destroys warm and still-leased sandboxes and waits for every destroy in flight, then closes a backend it created.
+Pool exit stops the refillers (a create in flight cleans up after itself), destroys warm and still-leased sandboxes
+and waits for every destroy in flight, then closes a backend it created.
 """
 
 from __future__ import annotations

@@ -14,12 +14,12 @@ images`). Does not own: the cache itself (lockfile.py fills it: sdists, wheels, 
                                             the lockfile's test_deps, installed with pip --no-index from the wheels
                                             of the cache (the same distributions as the host venv of `prepare`)
 
-The package itself is never in the image: no sdist, no wheel, no site-packages copy, so the only copy of its code
-in a sandbox is the buggy repository the episode unpacks. The Dockerfiles are in data/images/. `docker build --network none`, multi-stage: the wheels
-and the pip that installs them stay in the discarded build stage. The image carries the label
-`io.agentrl.repo-fix.inputs` = sha256 of what it is made of (base: the .debs' hashes, the sandbox image's id, the
-Dockerfile; package: lockfile entry, test deps, wheel hashes, the base's id, Dockerfile, pip version); an image
-whose label matches is not rebuilt.
+The package itself is never in the image: no sdist, no wheel, no site-packages copy, so the only copy of its code in
+a sandbox is the buggy repository the episode unpacks. The Dockerfiles are in data/images/. `docker build --network
+none`, multi-stage: the wheels and the pip that installs them stay in the discarded build stage. The image carries
+the label `io.agentrl.repo-fix.inputs` = sha256 of what it is made of (base: the .debs' hashes, the sandbox image's
+id, the Dockerfile; package: lockfile entry, test deps, wheel hashes, the base's id, Dockerfile, pip version); an
+image whose label matches is not rebuilt.
 """
 
 from __future__ import annotations
@@ -246,7 +246,9 @@ def _build(image: str, inputs: str, what: str, base: str, dockerfile: Path, stag
         ctx = Path(tmp)
         stage(ctx)
         shutil.copy2(dockerfile, ctx / "Dockerfile")
-        proc = _docker("build", "--network", "none", "--pull=false", "--build-arg", f"BASE_IMAGE={base}",
+        # --force-rm: a failed build leaves no intermediate container behind
+        proc = _docker("build", "--network", "none", "--pull=false", "--force-rm",
+                       "--build-arg", f"BASE_IMAGE={base}",
                        "--label", f"{LABEL_INPUTS}={inputs}", "--label", f"{LABEL_PACKAGE}={what}",
                        "-t", image, str(ctx), timeout=DOCKER_TIMEOUT_S, check=False)
     if proc.returncode != 0:
