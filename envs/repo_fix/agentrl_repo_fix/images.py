@@ -271,10 +271,10 @@ def build_image(lock: Lockfile, pkg: Package, cache: Path, *, base: str = DEFAUL
                 say: Callable[[str], None] = lambda _msg: None) -> ImageResult:
     """Build (or reuse) the package's image on `<repository>-base:latest` (built or reused first). Offline:
     `docker build --network none` from the cache's wheels."""
+    deps = lock.deps(pkg)
+    wheels = venv_wheels(host_venv(pkg, cache), cache / "wheels")  # first: a cache not prepared fails fast
     repo_base = build_base(cache, base=base, repository=repository, force=False, say=say).image
     t0 = time.monotonic()
-    deps = lock.deps(pkg)
-    wheels = venv_wheels(host_venv(pkg, cache), cache / "wheels")
     inputs = inputs_hash(pkg, deps, wheels, image_id(repo_base) or "")
     return _build(image_name(pkg.name, pkg.version, repository), inputs, pkg.key, repo_base, PACKAGE_DOCKERFILE,
                   lambda ctx: _stage(ctx, deps, wheels), force=force, say=say, t0=t0)
