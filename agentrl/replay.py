@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agentrl.envs import Env, Task, get_env, spec_for_env
+from agentrl.envs import Env, Task, get_env, lease_sandbox, spec_for_env
 from agentrl.errors import ConfigError, InfraError, MissingDependencyError
 from agentrl.reward import DEFAULT_REWARD, RewardSpec, Scorer, recorded_specs, score
 from agentrl.sandbox.base import SandboxSpec
@@ -144,7 +144,7 @@ async def reexecute(traj: Trajectory, env: Env, task: Task, pool: Any) -> Reexec
     """Replay every stored tool call of `traj` in one fresh sandbox leased from `pool`."""
     report = ReexecuteReport(traj)
     try:
-        async with pool.lease() as sandbox:
+        async with lease_sandbox(pool, env, task) as sandbox:
             await env.setup(sandbox, task)
             for turn, call, stored in stored_calls(traj):
                 replayed = await _call(env, sandbox, call, task)
@@ -308,7 +308,7 @@ async def _rerun_one(traj: Trajectory, env: Env, task: Task, pool: Any, scorer: 
         return RescoreRow(traj, await scorer.score(traj), "infra_error: never scored")
     if traj.solution is None:
         return RescoreRow(traj, await scorer.score(traj), "no stored solution: scored from the stored test report")
-    async with pool.lease() as sandbox:
+    async with lease_sandbox(pool, env, task) as sandbox:
         report: TestReport = await env.score_solution(sandbox, task, traj.solution)
     return RescoreRow(traj, await scorer.score(traj.model_copy(update={"tests": report})), "tests re-run")
 

@@ -21,7 +21,7 @@ from rich.console import Console
 import agentrl
 from agentrl.cli.display import ProgressDisplay, summary_table
 from agentrl.config import RolloutConfig
-from agentrl.envs import Env, Task, get_env, spec_for_env
+from agentrl.envs import Env, Task, get_env, lease_sandbox, spec_for_env
 from agentrl.errors import ConfigError
 from agentrl.reward import RewardSpec, Scorer
 from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig, check_time_needs
@@ -272,7 +272,7 @@ async def check_env(name: str, *, solutions: Path | None, backend: str, json_out
     async def score(task: Task, solution: str) -> TestReport:
         async with sem:
             try:
-                async with pool.lease() as sb:
+                async with lease_sandbox(pool, env, task) as sb:
                     return await env.score_solution(sb, task, solution)
             except Exception as exc:  # noqa: BLE001 - e.g. the solution killed its sandbox: score 0, check the rest
                 reason = f"the sandbox broke while scoring this solution: {type(exc).__name__}: {exc}"

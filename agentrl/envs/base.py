@@ -14,6 +14,7 @@ An env is a small class registered by name (`@register_env`, or the `agentrl.env
     async grade(sandbox, task, submission) -> TestReport: the hidden tests in a fresh sandbox the policy never used
     failed_report(task, reason)     -> TestReport of an episode the policy broke (all tests failed)
     time_needs()                    -> seconds a call_tool / finalize may take (checked against the budgets)
+    sandbox_image(task)             -> the image a task's sandbox needs (docker/kubernetes), None: the run's spec
     async solution(sandbox, task)   -> the final answer stored with the trajectory (optional)
     reference_solution(task)        -> used by `agentrl envs check`
     async score_solution(sandbox, task, solution) -> TestReport for a given solution (`envs check --solutions`)
@@ -130,5 +131,17 @@ class Env:
         deadline never cuts an honest call short: {"tool_call": one call_tool, "finalize": finalize + solution}."""
         return {}
 
+    def sandbox_image(self, task: Task) -> str | None:
+        """The sandbox image `task` needs instead of the run's (e.g. one image per repository), or None. Container
+        backends start that image (the pool keeps warm sandboxes per image); the local backend has no images and
+        ignores it."""
+        return None
+
     def tool(self, name: str) -> ToolSpec | None:
         return next((t for t in self.tools if t.name == name), None)
+
+
+def lease_sandbox(pool: Any, env: Env, task: Task) -> Any:
+    """`pool.lease()` for one of `env`'s tasks: with the task's own image when the env names one."""
+    image = env.sandbox_image(task)
+    return pool.lease(image=image) if image else pool.lease()

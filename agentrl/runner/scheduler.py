@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from agentrl.envs.base import Submission, Task
+from agentrl.envs.base import Submission, Task, lease_sandbox
 from agentrl.errors import ConfigError, SandboxDiedError
 from agentrl.reward import Scorer
 from agentrl.runner.attribution import DeathFacts, Stage, Verdict, classify
@@ -279,7 +279,7 @@ class Scheduler:
         trajectory never holds two leases: a full pool cannot deadlock on grading)."""
         t0 = time.perf_counter()
         run.stage = Stage.lease
-        lease = self.pool.lease()
+        lease = lease_sandbox(self.pool, self.rollout.env, run.task)
         sandbox = await _within(self.config.lease_timeout_s, lease.__aenter__(), "lease_timeout_s")
         run.timing.sandbox_wait_s = time.perf_counter() - t0
         try:
@@ -299,7 +299,7 @@ class Scheduler:
         A death of that sandbox is classified on its own facts (the policy's kept code may run in its commands)."""
         t0 = time.perf_counter()
         run.stage = Stage.grade_lease
-        lease = self.pool.lease()
+        lease = lease_sandbox(self.pool, self.rollout.env, run.task)
         sandbox = await _within(self.config.lease_timeout_s, lease.__aenter__(), "lease_timeout_s")
         wait_s = time.perf_counter() - t0
         run.timing.sandbox_wait_s += wait_s

@@ -270,8 +270,9 @@ class DockerBackend:
             await self._call(api.create_container, **self._container_config(api, handle, spec, sock_dir))
         except docker.errors.ImageNotFound as e:
             raise ConfigError(
-                f"sandbox image {spec.image!r} not found in the Docker Engine: build it with "
-                "`sandbox_images/build.sh --offline-base` (or set sandbox.spec.image to an image that exists)") from e
+                f"sandbox image {spec.image!r} not found in the Docker Engine: build it (agentrl/python: "
+                "`sandbox_images/build.sh --offline-base`; an env's per-task images: its own command, e.g. "
+                "`python -m agentrl_repo_fix images`), or set sandbox.spec.image to an image that exists") from e
         except (docker.errors.DockerException, requests.RequestException) as e:
             raise SandboxStartError(f"docker create {handle.id} ({spec.image}) failed: {_why(e)}") from e
         t1 = time.monotonic()

@@ -10,8 +10,15 @@ cleanup under cancellation, and per-lease timings/counters (`stats()`). Does not
             await sb.exec("echo hi")
 
 Ordering: a lease takes a ready warm sandbox if there is one, else starts one itself (cold) instead of waiting for
-the refiller. Pool exit stops the refillers (a create in flight cleans up after itself), destroys warm and still-
-leased sandboxes and waits for every destroy in flight, then closes a backend it created.
+the refiller.
+
+Images: `lease(image=...)` asks for the pool's spec with another image (e.g. an env whose tasks each need their own
+image: `Env.sandbox_image(task)`). Warm sandboxes are kept per image; the `warm` target is shared by the images in
+proportion to the last `warm` leases (the pool's own image until then), and when the warm set is full a ready
+sandbox of an image that is over its share is destroyed to make room for one that is under it.
+
+Pool exit stops the refillers (a create in flight cleans up after itself), destroys warm and still-leased sandboxes
+and waits for every destroy in flight, then closes a backend it created.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import socket
 import statistics
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -95,7 +102,7 @@ class SandboxPool:
             raise ConfigError(f"SandboxPool: cold_start_grace_s={cold_start_grace_s}: use 0 (off) or more seconds")
         self.cold_start_grace_s = cold_start_grace_s
         self._gate = StartGate(max_starting, create_rate)
-        self._grace_waiters = 0
+        self._grace_waiters: Counter[str] = Counter()
         self._backend_arg = backend
         self._backend_options = dict(backend_options or {})
         if unsafe_no_isolation:
@@ -107,9 +114,11 @@ class SandboxPool:
         self._owns_backend = isinstance(backend, str)
         self._labels = {"agentrl/run-id": self.run_id, "agentrl/owner-pid": str(os.getpid()),
                         "agentrl/owner-host": socket.gethostname()}
-        self._ready: deque[Sandbox] = deque()
+        self._ready: dict[str, deque[Sandbox]] = {}  # warm sandboxes by image
         self._active: set[Sandbox] = set()
-        self._starting = 0
+        self._starting: Counter[str] = Counter()  # creates in flight by image (refills)
+        self._demand: deque[str] = deque([self.spec.image] * max(self.warm, 1), maxlen=max(self.warm, 1))
+        self._specs: dict[str, SandboxSpec] = {self.spec.image: self.spec}
         self._slots = asyncio.Semaphore(max_sandboxes)
         self._need = asyncio.Event()  # set when the warm set may be short (a lease took one, a lease ended)
         self._grew = asyncio.Event()  # set whenever a warm sandbox becomes ready (for fill())
@@ -118,7 +127,7 @@ class SandboxPool:
         self._open = False
         self._closed = False
         self._counters = {"leases": 0, "warm_hits": 0, "cold_starts": 0, "failures": 0, "replaced": 0,
-                          "destroyed": 0}
+                          "destroyed": 0, "evicted": 0}
         self._timings: dict[str, deque[float]] = {k: deque(maxlen=TIMING_WINDOW)
                                                   for k in ("wait_s", "create_s", "agent_ready_s", "lease_s")}
 
@@ -156,7 +165,7 @@ class SandboxPool:
         for task in self._workers:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
-        doomed = list(self._ready) + list(self._active)
+        doomed = [sb for ready in self._ready.values() for sb in ready] + list(self._active)
         self._ready.clear()
         for sb in doomed:
             self._destroy_later(sb)
@@ -167,14 +176,24 @@ class SandboxPool:
 
     # ------------------------------------------------------------ leases
 
+    def spec_for(self, image: str | None) -> SandboxSpec:
+        """The pool's spec, with `image` instead of its own when given."""
+        image = image or self.spec.image
+        if image not in self._specs:
+            self._specs[image] = self.spec.model_copy(update={"image": image})
+        return self._specs[image]
+
     @asynccontextmanager
-    async def lease(self) -> AsyncIterator[Sandbox]:
-        """One fresh sandbox for the duration of the block; destroyed afterwards (also when cancelled)."""
+    async def lease(self, image: str | None = None) -> AsyncIterator[Sandbox]:
+        """One fresh sandbox (of the pool's spec, with `image` when given) for the duration of the block; destroyed
+        afterwards (also when cancelled)."""
         if not self._open or self._closed:
             raise RuntimeError("use the pool inside 'async with SandboxPool(...) as pool'")
+        spec = self.spec_for(image)
         t0 = time.monotonic()
         async with self._slots:
-            sb = await self._acquire()
+            self._demand.append(spec.image)
+            sb = await self._acquire(spec)
             self._active.add(sb)
             self._need.set()
             t1 = time.monotonic()
@@ -188,9 +207,10 @@ class SandboxPool:
                 self._timings["lease_s"].append(time.monotonic() - t1)
                 await self._dispose(sb)
 
-    async def _acquire(self) -> Sandbox:
-        while self._ready:
-            sb = self._ready.popleft()
+    async def _acquire(self, spec: SandboxSpec) -> Sandbox:
+        ready = self._ready.setdefault(spec.image, deque())
+        while ready:
+            sb = ready.popleft()
             try:
                 healthy = await sb.health()
             except BaseException:  # cancelled while checking: the sandbox is in no list any more
@@ -203,26 +223,27 @@ class SandboxPool:
             self._counters["failures"] += 1
             self._counters["replaced"] += 1
             self._destroy_later(sb)
-        if await self._wait_for_refill():
-            return await self._acquire()
+        if await self._wait_for_refill(spec.image):
+            return await self._acquire(spec)
         self._counters["cold_starts"] += 1
-        return await self._start()
+        return await self._start(spec)
 
-    async def _wait_for_refill(self) -> bool:
-        """The cold-start grace. True when a warm sandbox became ready while waiting."""
-        if self.cold_start_grace_s <= 0 or self._starting <= self._grace_waiters:
+    async def _wait_for_refill(self, image: str) -> bool:
+        """The cold-start grace. True when a warm sandbox of `image` became ready while waiting."""
+        if self.cold_start_grace_s <= 0 or self._starting[image] <= self._grace_waiters[image]:
             return False
-        self._grace_waiters += 1
+        self._grace_waiters[image] += 1
+        ready = self._ready.setdefault(image, deque())
         try:
             async with asyncio.timeout(self.cold_start_grace_s):
-                while not self._ready:
+                while not ready:
                     self._grew.clear()
                     await self._grew.wait()
         except TimeoutError:
             pass
         finally:
-            self._grace_waiters -= 1
-        return bool(self._ready)
+            self._grace_waiters[image] -= 1
+        return bool(ready)
 
     async def death_cause(self, sb: Sandbox) -> str | None:
         """The backend's proven cause of `sb`'s death (see `SandboxBackend.death_cause`); None when the backend cannot
@@ -236,30 +257,30 @@ class SandboxPool:
             log.warning("could not tell why sandbox %s died: %s", sb.id, e)
             return None
 
-    async def _start(self) -> Sandbox:
+    async def _start(self, spec: SandboxSpec) -> Sandbox:
         """Create a sandbox and confirm its agent answers; retry up to start_attempts. Raises SandboxStartError."""
         last: BaseException | None = None
         for attempt in range(1, self.start_attempts + 1):
             try:
-                return await self._start_once()
+                return await self._start_once(spec)
             except (SandboxError, OSError) as e:
                 self._counters["failures"] += 1
                 last = e
                 log.warning("sandbox start attempt %d/%d failed: %s", attempt, self.start_attempts, e)
         raise SandboxStartError(f"could not start a sandbox after {self.start_attempts} attempt(s): {last}") from last
 
-    async def _start_once(self, *, priority: bool = True) -> Sandbox:
+    async def _start_once(self, spec: SandboxSpec, *, priority: bool = True) -> Sandbox:
         async with self._gate.slot(priority=priority):  # refills (priority=False) yield to leases
-            return await self._start_admitted()
+            return await self._start_admitted(spec)
 
-    async def _start_admitted(self) -> Sandbox:
+    async def _start_admitted(self, spec: SandboxSpec) -> Sandbox:
         t0 = time.monotonic()
         try:
             async with asyncio.timeout(self.start_timeout_s):
-                handle = await self.backend.create(self.spec, dict(self._labels))
+                handle = await self.backend.create(spec, dict(self._labels))
         except TimeoutError:
             raise SandboxStartError(f"sandbox did not start within start_timeout_s={self.start_timeout_s}") from None
-        sb = Sandbox(handle, self.spec)
+        sb = Sandbox(handle, spec)
         try:
             healthy = await sb.health()
         except BaseException:
@@ -294,19 +315,38 @@ class SandboxPool:
 
     # ------------------------------------------------------------ refill
 
-    def _deficit(self) -> int:
-        target = min(self.warm, self.max_sandboxes - len(self._active))
-        return target - len(self._ready) - self._starting
+    def _warm_ready(self) -> int:
+        return sum(len(ready) for ready in self._ready.values())
+
+    def _next_refill(self) -> str | None:
+        """The image the refiller should start next: the one furthest under its share of the warm target (the
+        images of the last `warm` leases). When the warm set is full, a ready sandbox of an image over its share
+        is destroyed to make room. None: nothing to do."""
+        share = Counter(self._demand)
+        have = Counter({img: len(ready) for img, ready in self._ready.items()}) + self._starting
+        short = max(share, key=lambda img: share[img] - have[img])
+        if share[short] - have[short] <= 0:
+            return None
+        cap = min(self.warm, self.max_sandboxes - len(self._active))
+        if sum(have.values()) < cap:
+            return short
+        over = [img for img, ready in self._ready.items() if ready and have[img] > share[img]]
+        if not over or sum(have.values()) > cap:
+            return None
+        victim = self._ready[max(over, key=lambda img: have[img] - share[img])].popleft()
+        self._counters["evicted"] += 1
+        self._destroy_later(victim)
+        return short
 
     async def _refill_worker(self) -> None:
         backoff = 0.0
         while not self._closed:
-            while self._deficit() <= 0:
+            while (image := self._next_refill()) is None:
                 self._need.clear()
                 await self._need.wait()
-            self._starting += 1
+            self._starting[image] += 1
             try:
-                sb = await self._start_once(priority=False)
+                sb = await self._start_once(self.spec_for(image), priority=False)
             except (SandboxError, OSError) as e:
                 self._counters["failures"] += 1
                 backoff = min(30.0, max(0.5, backoff * 2))
@@ -314,22 +354,25 @@ class SandboxPool:
                 await asyncio.sleep(backoff)
                 continue
             finally:
-                self._starting -= 1
+                self._starting[image] -= 1
             backoff = 0.0
-            self._ready.append(sb)
+            self._ready.setdefault(image, deque()).append(sb)
             self._grew.set()
 
     async def fill(self, timeout_s: float | None = None) -> None:
         """Wait until `warm` sandboxes are ready (e.g. before a benchmark or the first rollout step)."""
         async with asyncio.timeout(timeout_s):
-            while len(self._ready) < self.warm:
+            while self._warm_ready() < self.warm:
                 self._grew.clear()
                 await self._grew.wait()
 
     # ------------------------------------------------------------ stats
 
     def stats(self) -> dict[str, Any]:
-        """Counters (leases, warm_hits, cold_starts, failures, replaced, destroyed), current sizes (active,
-        warm_ready, starting) and per-lease timing summaries (wait_s, create_s, agent_ready_s, lease_s)."""
-        return {**self._counters, "active": len(self._active), "warm_ready": len(self._ready),
-                "starting": self._starting, **{k: _summary(v) for k, v in self._timings.items()}}
+        """Counters (leases, warm_hits, cold_starts, failures, replaced, destroyed, evicted), current sizes
+        (active, warm_ready, starting; warm_by_image) and per-lease timing summaries (wait_s, create_s,
+        agent_ready_s, lease_s)."""
+        return {**self._counters, "active": len(self._active), "warm_ready": self._warm_ready(),
+                "starting": sum(self._starting.values()),
+                "warm_by_image": {img: len(ready) for img, ready in self._ready.items() if ready},
+                **{k: _summary(v) for k, v in self._timings.items()}}

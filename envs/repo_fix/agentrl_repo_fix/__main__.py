@@ -1,5 +1,6 @@
-"""`python -m agentrl_repo_fix build|prepare`: build validated tasks from the lockfile, or only fill the cache
-(sdists, test venvs) that episodes of an existing task file need."""
+"""`python -m agentrl_repo_fix build|prepare|images`: build validated tasks from the lockfile, only fill the cache
+(sdists, test venvs) that episodes of an existing task file need, or build the per-package sandbox images of the
+docker / kubernetes backends from that cache (images.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import time
 from pathlib import Path
 
 from agentrl.errors import ConfigError
+from agentrl_repo_fix import images
 from agentrl_repo_fix.build import build
-from agentrl_repo_fix.lockfile import DEFAULT_LOCKFILE, default_cache_dir, ensure_venv, fetch_sdist, load_lockfile
+from agentrl_repo_fix.lockfile import (DEFAULT_LOCKFILE, Lockfile, Package, default_cache_dir, ensure_venv, fetch_sdist,
+                                      load_lockfile)
 
 DEFAULT_TASKS = Path(__file__).with_name("data") / "tasks.jsonl"
 
@@ -18,7 +21,7 @@ DEFAULT_TASKS = Path(__file__).with_name("data") / "tasks.jsonl"
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m agentrl_repo_fix")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("build", "prepare"):
+    for name in ("build", "prepare", "images"):
         s = sub.add_parser(name)
         s.add_argument("--lockfile", type=Path, default=DEFAULT_LOCKFILE)
         s.add_argument("--cache-dir", type=Path, default=None, help="default: ~/.cache/agentrl/repo_fix")
@@ -28,7 +31,24 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--tasks-per-package", type=int, default=4, help="acceptance scale: 30 with all 10 packages")
     b.add_argument("--max-tries", type=int, default=40, help="mutants tried per package at most")
+    i = sub.choices["images"]
+    i.add_argument("--base-image", default=images.DEFAULT_BASE, help="the sandbox image to build on")
+    i.add_argument("--repository", default=images.DEFAULT_REPOSITORY,
+                   help="images are REPOSITORY-<package>:<version> (the env option image_repository must match)")
+    i.add_argument("--force", action="store_true", help="rebuild even when an image with the same inputs exists")
     return p
+
+
+def _images(a: argparse.Namespace, lock: Lockfile, packages: list[Package], cache: Path) -> int:
+    images.check_docker()
+    t0 = time.monotonic()
+    for pkg in packages:
+        r = images.build_image(lock, pkg, cache, base=a.base_image, repository=a.repository, force=a.force,
+                               say=lambda msg: print(msg, flush=True))
+        print(f"{r.package:24s} {r.image:48s} {'built' if r.built else 'reused':6s} {r.seconds:6.1f}s  "
+              f"{r.size_bytes / 1e6:6.1f} MB  inputs {r.inputs[:12]}", flush=True)
+    print(f"{len(packages)} image(s) ready in {time.monotonic() - t0:.1f}s")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                 fetch_sdist(pkg, cache)
                 print(f"{pkg.key}: venv {ensure_venv(lock, pkg, cache)}")
             return 0
+        if a.cmd == "images":
+            return _images(a, lock, packages, cache)
         t0 = time.monotonic()
         reports = build(lock, packages, cache, a.out, seed=a.seed, max_tasks=a.tasks_per_package,
                         max_tries=a.max_tries)

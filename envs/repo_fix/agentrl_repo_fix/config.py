@@ -25,6 +25,8 @@ class RepoFixOptions(BaseModel):
     output_chars: int = Field(default=8000, ge=500)  # a tool's output: head + tail kept, the middle cut
     bash_timeout_s: float = Field(default=60.0, gt=0)
     grade_timeout_s: float = Field(default=150.0, gt=0)  # the whole graded suite run
+    # docker / kubernetes: each task's sandbox runs <image_repository>-<package>:<version> (images.py)
+    image_repository: str = Field(default="agentrl/repo-fix", pattern=r"^[a-z0-9][a-z0-9._/:-]*$")
 
     @field_validator("packages", mode="before")
     @classmethod

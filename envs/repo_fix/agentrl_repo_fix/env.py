@@ -10,8 +10,9 @@ in its own sandbox (the graded tree and the stored solution are both built from 
 that sandbox, and grade() runs the suite over the graded tree in a second sandbox the policy never used.
 finalize() / solution() do both steps in one given sandbox, for callers that hold only one (score_solution: where
 nothing of a policy ran, only our setup and `git apply` of a diff).
-The test venv of each package (lockfile.py) must be visible in the sandbox at its host path: `ro_binds()` lists
-them for the local backend (the docker/kubernetes image would have to carry them at the same path: not built yet).
+Where the package's test venv is depends on the backend: the local backend binds the host venv (lockfile.py)
+read-only at its host path (`ro_binds()`); on docker and kubernetes each task names its package's image
+(`sandbox_image()`, built by `python -m agentrl_repo_fix images`), which carries the venv at `images.IMAGE_VENV`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from agentrl.errors import ConfigError
 from agentrl.sandbox.base import SandboxSpec
 from agentrl.sandbox.client import Sandbox
 from agentrl.types import TestOutcome, TestReport, ToolCall, ToolResult
-from agentrl_repo_fix import grading, trees
+from agentrl_repo_fix import grading, images, trees
 from agentrl_repo_fix.build import TASK_FORMAT
 from agentrl_repo_fix.config import REPO, SYSTEM_PROMPT, TOOLS, parse_options
 from agentrl_repo_fix.lockfile import default_cache_dir
@@ -107,6 +108,17 @@ class RepoFixEnv(Env):
                               f"--packages {row['package']}`")
         return path
 
+    def sandbox_image(self, task: Task) -> str:
+        """The package's image on docker / kubernetes (the local backend ignores it)."""
+        return images.image_name(task.data["package"], task.data["version"], self.config.image_repository)
+
+    def sandbox_venv(self, sandbox: Sandbox, row: Any) -> str:
+        """The test venv's path inside `sandbox`: the host venv bound read-only on the local backend, else the
+        fixed path in the package's image."""
+        if sandbox.handle.backend == "local":
+            return str(self.venv(row))
+        return images.IMAGE_VENV
+
     def ro_binds(self) -> list[str]:
         """Host paths a local sandbox must see read-only: the tasks' test venvs."""
         return sorted({str(self.venv(row)) for row in self.rows()})
@@ -140,7 +152,7 @@ class RepoFixEnv(Env):
     async def call_tool(self, sandbox: Sandbox, call: ToolCall, *, task: Task) -> ToolResult:
         limit = self.config.output_chars
         if call.name == "bash":
-            env = {"PATH": f"{self.venv(task.data)}/bin:/usr/local/bin:/usr/bin:/bin",
+            env = {"PATH": f"{self.sandbox_venv(sandbox, task.data)}/bin:/usr/local/bin:/usr/bin:/bin",
                    "PYTHONPATH": f"{REPO}/{task.data['pythonpath']}", "PYTHONDONTWRITEBYTECODE": "1",
                    "GIT_PAGER": "cat", "PAGER": "cat", **GIT_ENV}
             return await run_bash(sandbox, call, initial_env=env, timeout_s=self.config.bash_timeout_s, limit=limit)
@@ -172,7 +184,7 @@ class RepoFixEnv(Env):
             return self.failed_report(task, "the kept changes reach into the test harness (scored 0): "
                                       + ", ".join(markers))
         try:
-            report = await grading.run_graded(sandbox, dict(task.data), graded, str(self.venv(task.data)),
+            report = await grading.run_graded(sandbox, dict(task.data), graded, self.sandbox_venv(sandbox, task.data),
                                               timeout_s=self.config.grade_timeout_s)
         except grading.PolicyBrokeRepo as exc:  # e.g. the kept changes fill the disk: its episode, scored 0
             return self.failed_report(task, str(exc))
