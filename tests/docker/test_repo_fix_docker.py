@@ -29,7 +29,8 @@ from agentrl.types import SamplingParams, Status
 
 pytestmark = pytest.mark.docker
 PACKAGE = "inflection"
-SPEC = SandboxSpec(default_timeout_s=60, memory="2g", disk="512m", pids=512)  # image: the default agentrl/python
+SPEC = SandboxSpec(default_timeout_s=60, memory="2g", disk="512m", pids=512,  # image: the default agentrl/python
+                   writable_dirs=("/repo",))  # what spec_for_env(spec, RepoFixEnv) adds
 
 
 @pytest.fixture(scope="module")
