@@ -147,8 +147,8 @@ async def test_pool_keeps_warm_sandboxes_of_the_images_leased(env: RepoFixEnv) -
 
 def test_envs_check_repo_fix_passes_on_docker(env: RepoFixEnv) -> None:
     r = subprocess.run([sys.executable, "-m", "agentrl.cli", "envs", "check", "repo_fix", "--sandbox", "docker",
-                        "--env-option", f"packages={PACKAGE}"], capture_output=True, text=True, timeout=600,
+                        "--env-option", f"packages={PACKAGE}", "--tasks", "3"], capture_output=True, text=True, timeout=600,
                        check=False)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    n = len(env.tasks())
+    n = min(3, len(env.tasks()))
     assert f"total: {n}/{n} tasks pass all tests" in r.stdout, r.stdout[-2000:]

@@ -53,7 +53,7 @@ def _summary(report: Any) -> tuple[int, int, list[tuple[str, bool]]]:
 
 
 async def test_reference_passes_noop_and_test_only_fail_and_grading_repeats(env: RepoFixEnv) -> None:
-    tasks = env.tasks()
+    tasks = env.tasks()[:3]  # every task is checked by `agentrl envs check repo_fix` (BENCHMARKS.md); 3 here
     assert tasks
     for task in tasks:
         ref = await _score(env, task, env.reference_solution(task) or "")
