@@ -270,13 +270,12 @@ async def check_env(name: str, *, solutions: Path | None, backend: str, json_out
     check_cases = getattr(env, "check_cases", None) if given is None else None
 
     async def score(task: Task, solution: str) -> TestReport:
-        async with sem:
-            try:
-                async with lease_sandbox(pool, env, task) as sb:
-                    return await env.score_solution(sb, task, solution)
-            except Exception as exc:  # noqa: BLE001 - e.g. the solution killed its sandbox: score 0, check the rest
-                reason = f"the sandbox broke while scoring this solution: {type(exc).__name__}: {exc}"
-                return TestReport(passed=0, total=0, error=reason[:500])
+        try:
+            async with lease_sandbox(pool, env, task) as sb:
+                return await env.score_solution(sb, task, solution)
+        except Exception as exc:  # noqa: BLE001 - e.g. the solution killed its sandbox: score 0, check the rest
+            reason = f"the sandbox broke while scoring this solution: {type(exc).__name__}: {exc}"
+            return TestReport(passed=0, total=0, error=reason[:500])
 
     async def case_problems(task: Task, solution: str, first: TestReport) -> list[str]:
         problems = []
@@ -291,6 +290,10 @@ async def check_env(name: str, *, solutions: Path | None, backend: str, json_out
         return problems
 
     async def one(task: Task) -> tuple[Task, TestReport]:
+        async with sem:  # a task's every case in one slot: results (and progress lines) come task by task
+            return await check_one(task)
+
+    async def check_one(task: Task) -> tuple[Task, TestReport]:
         solution = given.get(task.id) if given is not None else env.reference_solution(task)
         if solution is None:
             return task, TestReport(passed=0, total=0, error="no solution given")
