@@ -91,6 +91,7 @@ class Progress:
     tokens: int = 0
     infra_errors: int = 0
     policy_errors: int = 0
+    drift_check_errors: int = 0  # deferred drift checks that failed (their turns' drift flags are unset)
     started: float = field(default_factory=time.perf_counter)
 
     def tokens_per_s(self) -> float:
@@ -417,6 +418,7 @@ class Scheduler:
         p.tokens += traj.num_model_tokens
         p.infra_errors += traj.status is Status.infra_error
         p.policy_errors += traj.status is Status.policy_error
+        p.drift_check_errors += traj.drift_check_error is not None
         self.guard.add(traj)
         if self._on_trajectory is not None:
             self._on_trajectory(traj)

@@ -160,3 +160,12 @@ def test_deferred_mode_needs_a_worker_and_modes_are_checked(smollm2_tokenizer) -
         _scheduler(smollm2_tokenizer, "deferred", None)
     with pytest.raises(ValueError, match="drift_check='sometimes'"):
         _scheduler(smollm2_tokenizer, "sometimes", None)
+
+
+async def test_progress_counts_drift_check_errors(smollm2_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    tok = smollm2_tokenizer
+    with _crashing(DeferredDrift(ChatRenderer(tok), max_pending=1)) as worker:
+        sched = _scheduler(tok, "deferred", worker)
+        traj = await _one(sched)
+    assert traj.drift_check_error is not None and sched.progress.drift_check_errors == 1
+    assert sched.progress.infra_errors == 0 and traj.status is not Status.infra_error
