@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal
@@ -67,15 +69,29 @@ class DeferredDrift:
         self._workers = workers
         self._ctx = multiprocessing.get_context(start_method)
         self._pool: ProcessPoolExecutor | None = None
+        self._starting = asyncio.Lock()
         self._room = asyncio.Semaphore(max_pending)
         self.timeout_s = timeout_s
         self.stats = {"checked": 0, "errors": 0, "restarts": 0}
 
-    def _executor(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(self._workers, mp_context=self._ctx, initializer=_init_worker,
-                                             initargs=self._initargs)
-        return self._pool
+    async def _executor(self) -> ProcessPoolExecutor:
+        """The running pool; a new one is started in a daemon thread: spawning writes the pickled tokenizer to the
+        child synchronously, which must never block the event loop (nor hang it if the child dies first)."""
+        async with self._starting:
+            if self._pool is None:
+                self._pool = await asyncio.wait_for(_in_daemon_thread(self._new_pool), self.timeout_s)
+            return self._pool
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        pool = ProcessPoolExecutor(self._workers, mp_context=self._ctx, initializer=_init_worker,
+                                   initargs=self._initargs)
+        try:
+            for fut in [pool.submit(_worker_cpu_s) for _ in range(self._workers)]:  # spawns every worker now
+                fut.result()
+        except BaseException:
+            _kill(pool)
+            raise
+        return pool
 
     async def answers(self, messages: list[Message], ids: list[int],
                       marks: list[tuple[int, int, int]]) -> list[tuple[bool, bool]]:
@@ -95,8 +111,9 @@ class DeferredDrift:
 
     async def _submit(self, fn: Any, *args: Any) -> Any:
         for attempt in (0, 1):  # a pool broken by another job's crash or timeout gets one fresh try
-            pool = self._executor()
+            pool = None
             try:
+                pool = await self._executor()
                 fut = pool.submit(fn, *args)
                 return await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout_s)
             except BrokenProcessPool as exc:
@@ -111,13 +128,14 @@ class DeferredDrift:
                 raise DriftCheckError(f"{type(exc).__name__}: {exc}") from exc
         raise AssertionError("unreachable")
 
-    def _restart(self, pool: ProcessPoolExecutor) -> None:
-        """Kill `pool`'s workers (a hung render cannot be interrupted otherwise); the next job starts a new pool."""
-        if self._pool is not pool:
-            return  # already replaced by a concurrent caller
-        self._pool = None
+    def _restart(self, pool: ProcessPoolExecutor | None) -> None:
+        """Kill `pool`'s workers (a hung render cannot be interrupted otherwise); the next job starts a new pool.
+        `pool` None: starting a pool failed (it is already gone)."""
         self.stats["restarts"] += 1
-        log.warning("drift check worker crashed or timed out; restarting it")
+        log.warning("drift check worker crashed, failed to start or timed out; restarting it")
+        if pool is None or self._pool is not pool:
+            return  # never started, or already replaced by a concurrent caller
+        self._pool = None
         _kill(pool)
 
     async def worker_cpu_s(self) -> float:
@@ -138,6 +156,30 @@ class DeferredDrift:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
+    """`fn()` in a daemon thread (one that hangs can neither block the loop nor the interpreter's exit)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if not fut.done():
+            fut.set_exception(error) if error is not None else fut.set_result(value)
+
+    def run() -> None:
+        try:
+            value, error = fn(), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            value, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, value, error)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            if isinstance(value, ProcessPoolExecutor):
+                _kill(value)
+
+    threading.Thread(target=run, name="agentrl-drift-start", daemon=True).start()
+    return fut
 
 
 def _kill(pool: ProcessPoolExecutor) -> None:

@@ -169,3 +169,37 @@ async def test_progress_counts_drift_check_errors(smollm2_tokenizer) -> None:  #
         traj = await _one(sched)
     assert traj.drift_check_error is not None and sched.progress.drift_check_errors == 1
     assert sched.progress.infra_errors == 0 and traj.status is not Status.infra_error
+
+
+class _Stall:
+    """Unpickling it stalls the worker's start for a few seconds."""
+
+    def __reduce__(self) -> tuple[Any, tuple[float]]:
+        import time
+
+        return time.sleep, (4.0,)
+
+
+async def test_a_stalled_worker_times_out_without_blocking_the_loop(smollm2_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    r = ChatRenderer(smollm2_tokenizer)
+    msgs, ids, marks, _ = _conversation(r, smollm2_tokenizer, odd_turn=None, secret_turn=None, turns=1)
+    worker = DeferredDrift(r, timeout_s=1.0)
+    worker._initargs = (_Stall(),)  # type: ignore[assignment]
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.05)
+            ticks += 1
+
+    t = asyncio.create_task(ticker())
+    try:
+        with pytest.raises(DriftCheckError, match="took over 1s"):
+            await worker.answers(msgs, ids, marks)
+    finally:
+        t.cancel()
+        worker.close()
+    assert ticks >= 10  # the loop kept running while the worker's start stalled
