@@ -139,8 +139,10 @@ class Turn(_Record):
     observation: str = ""  # the rendered tool/env text appended after this turn
     gen_duration_s: float = 0.0
     tool_duration_s: float = 0.0
-    prefix_drift: bool = False  # the chat template's rendering of the conversation (as text) != our decoded ids
-    retokenize_mismatch: bool = False  # re-tokenizing the rendered conversation would NOT give our exact ids
+    # drift flags (monitoring only), checked after each appended observation; None: not checked (drift_check off,
+    # or the deferred check failed: see Trajectory.drift_check_error)
+    prefix_drift: bool | None = False  # the chat template's rendering of the conversation (as text) != our decoded ids
+    retokenize_mismatch: bool | None = False  # re-tokenizing the rendered conversation would NOT give our exact ids
 
 
 class TestOutcome(_Record):
@@ -198,6 +200,7 @@ class Trajectory(_Record):
     error_kind: str | None = None  # short machine-readable cause of infra_error / policy_error (see runner.attribution)
     solution: str | None = None
     drift_count: int = 0
+    drift_check_error: str | None = None  # the deferred drift check failed: the turns' drift flags are None
     timing: Timing = Field(default_factory=Timing)
     meta: dict[str, Any] = Field(default_factory=dict)
 

@@ -122,7 +122,7 @@ def _pool_for(cfg: Any, env: Any = None) -> Any:
 
 def run_train(cfg: Any, *, resume: bool = False) -> Any:
     """Build the components of `cfg` and run the job (blocking). Returns the trainer's JobResult."""
-    from agentrl.cli.wiring import _renderer, make_engine_and_tokenizer, make_scorer, select_tasks
+    from agentrl.cli.wiring import _renderer, make_drift, make_engine_and_tokenizer, make_scorer, select_tasks
     from agentrl.envs import get_env
     from agentrl.trainer.job import Job, JobParts
 
@@ -133,13 +133,17 @@ def run_train(cfg: Any, *, resume: bool = False) -> Any:
     snapshot_tasks = (select_tasks(env, None, snap.tasks) if isinstance(snap.tasks, list)
                       else select_tasks(env, snap.tasks, [])) if snap.every else []
     engine, tokenizer, model_path = make_engine_and_tokenizer(cfg.rollout_config())
+    renderer = _renderer(env, tokenizer)
+    drift = make_drift(cfg.drift_check, renderer)
     try:
         parts = JobParts(env=env, tasks=tasks, engine=engine, tokenizer=tokenizer, model_path=model_path,
-                         renderer=_renderer(env, tokenizer), pool=_pool_for(cfg, env), eval_tasks=eval_tasks,
+                         renderer=renderer, pool=_pool_for(cfg, env), eval_tasks=eval_tasks,
                          meta=_meta(cfg, model_path, engine), scorer=make_scorer(cfg.reward, env),
-                         snapshot_tasks=snapshot_tasks)
+                         snapshot_tasks=snapshot_tasks, drift_check=cfg.drift_check, drift_worker=drift)
         return Job(cfg, parts, resume=resume, echo=lambda line: print(line, flush=True)).run()
     finally:
+        if drift is not None:
+            drift.close()
         asyncio.run(engine.close())
 
 
@@ -196,7 +200,7 @@ def _default_eval_out(checkpoint: Path) -> Path:
 
 
 async def _eval_one(cfg: Any, env: Any, tasks: list[Any], path: Path, pool: Any, label: str, out: Path) -> dict:
-    from agentrl.cli.wiring import _renderer, make_engine_and_tokenizer, make_scorer
+    from agentrl.cli.wiring import _renderer, make_drift, make_engine_and_tokenizer, make_scorer
     from agentrl.runner import Rollout, SchedulerConfig
     from agentrl.trainer.eval import evaluate
     from agentrl.trainer.job import budgets_of
@@ -204,10 +208,12 @@ async def _eval_one(cfg: Any, env: Any, tasks: list[Any], path: Path, pool: Any,
     rcfg = cfg.rollout_config()
     rcfg = rcfg.model_copy(update={"engine": rcfg.engine.model_copy(update={"model": str(path)})})
     engine, tokenizer, model_path = await asyncio.to_thread(make_engine_and_tokenizer, rcfg)
+    renderer = _renderer(env, tokenizer)
+    drift = make_drift(cfg.drift_check, renderer)
     try:
         sampling = cfg.training_sampling(list(engine.eos_token_ids))
-        rollout = Rollout(env=env, engine=engine, renderer=_renderer(env, tokenizer), sampling=sampling,
-                          budgets=budgets_of(cfg, engine))
+        rollout = Rollout(env=env, engine=engine, renderer=renderer, sampling=sampling,
+                          budgets=budgets_of(cfg, engine), drift_check=cfg.drift_check, drift_worker=drift)
         sched = SchedulerConfig.from_config(cfg, group_size=1)
         store = out / f"{label}.jsonl"
         store.unlink(missing_ok=True)
@@ -218,6 +224,8 @@ async def _eval_one(cfg: Any, env: Any, tasks: list[Any], path: Path, pool: Any,
                                   sched=sched, label=str(path), meta=_meta(cfg, model_path, engine), store_path=store,
                                   scorer=scorer)
     finally:
+        if drift is not None:
+            await drift.aclose()
         await engine.close()
 
 

@@ -160,6 +160,16 @@ def _renderer(env: Env, tokenizer: Any) -> Any:
     return ChatRenderer(tokenizer)
 
 
+def make_drift(mode: str, renderer: Any) -> Any:
+    """The deferred drift check's worker process pool for `renderer` (mode `deferred`), else None. Close it with
+    `await worker.aclose()` when the run ends."""
+    if mode != "deferred":
+        return None
+    from agentrl.tools.drift import DeferredDrift
+
+    return DeferredDrift(renderer)
+
+
 def make_scorer(specs: list[RewardSpec], env: Env, tasks: list[Task] | None = None) -> Scorer:
     """The run's reward: `specs` weighted; sources that need the task's prompt get it from `env` (by task id)."""
     by_id = {t.id: t for t in (tasks if tasks is not None else env.tasks())}
@@ -175,7 +185,8 @@ def make_scorer(specs: list[RewardSpec], env: Env, tasks: list[Task] | None = No
 
 def _config_hash(cfg: RolloutConfig) -> str:
     """What was run, not where it was written: two runs of one config into two files hash the same."""
-    return hashlib.sha256(cfg.model_dump_json(exclude={"out", "resume", "summary_json"}).encode()).hexdigest()[:16]
+    skip = {"out", "resume", "summary_json", "drift_check"}  # drift_check is monitoring: the trajectories are the same
+    return hashlib.sha256(cfg.model_dump_json(exclude=skip).encode()).hexdigest()[:16]
 
 
 async def run_rollout(cfg: RolloutConfig) -> int:
@@ -218,7 +229,10 @@ async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: An
         "stop_token_ids": cfg.sampling.stop_token_ids or list(engine.eos_token_ids)})
     budgets = Budgets(max_turns=cfg.budgets.max_turns, max_completion_tokens=cfg.budgets.max_completion_tokens,
                       context_window=context_window, tool_timeout_s=cfg.budgets.tool_timeout_s)
-    rollout = Rollout(env=env, engine=engine, renderer=_renderer(env, tokenizer), sampling=sampling, budgets=budgets)
+    renderer = _renderer(env, tokenizer)
+    drift = make_drift(cfg.drift_check, renderer)
+    rollout = Rollout(env=env, engine=engine, renderer=renderer, sampling=sampling, budgets=budgets,
+                      drift_check=cfg.drift_check, drift_worker=drift)
     spec = spec_for_env(cfg.sandbox.spec.model_copy(update={"default_timeout_s": cfg.budgets.tool_timeout_s}), env)
     meta = {"model": str(model_path), "engine": engine.info(), "sampling": sampling.model_dump(),
             "config_hash": _config_hash(cfg), "seed": cfg.seed, "deterministic": cfg.deterministic,
@@ -230,11 +244,15 @@ async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: An
     sched = Scheduler(rollout, pool, SchedulerConfig.from_config(cfg), meta=meta, scorer=scorer)
     console.print(f"rollout: env {env.name}, {len(todo)} tasks x {cfg.group_size} samples, model {model_path.name}, "
                   f"sandbox {backend}, out {cfg.out}")
-    async with pool, scorer:
-        with ProgressDisplay(sched.progress, console) as display:
-            async for group in sched.run(todo):
-                await asyncio.to_thread(store.append_group, group)  # write + fsync off the event loop
-                display.tick()
+    try:
+        async with pool, scorer:
+            with ProgressDisplay(sched.progress, console) as display:
+                async for group in sched.run(todo):
+                    await asyncio.to_thread(store.append_group, group)  # write + fsync off the event loop
+                    display.tick()
+    finally:
+        if drift is not None:
+            await drift.aclose()
 
 
 # -- envs check -------------------------------------------------------------------------------------------------

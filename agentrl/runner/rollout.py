@@ -2,7 +2,9 @@
 
 Per turn: generate from the exact ids so far -> keep the sampled ids/logprobs (env_mask 1) -> parse tool calls ->
 run them in this trajectory's sandbox -> render the observation with the chat template and append its suffix ids
-(env_mask 0, logprob 0.0) -> check for template drift. Budgets (DESIGN §3, lesson 7): per-turn max_new_tokens,
+(env_mask 0, logprob 0.0) -> check for template drift (`drift_check`: inline = on the loop each turn; deferred = only
+what each turn's check needs is recorded, and `finish_drift` computes the same answers in a worker process after the
+last turn; off = none, the flags stay None). Budgets (DESIGN §3, lesson 7): per-turn max_new_tokens,
 per-trajectory completion tokens, the context window (each turn is clamped to what is left and keeps its finish
 reason), per-tool-call timeout (`tool_timeout_s` around env.call_tool, also the sandbox's default command timeout) and
 per-trajectory wall time (in the scheduler).
@@ -23,6 +25,7 @@ from agentrl.errors import EngineError, InfraError
 from agentrl.runner.seeds import turn_seed
 from agentrl.sandbox.client import Sandbox
 from agentrl.tools.parsers import parse_tool_calls
+from agentrl.tools.drift import DRIFT_MODES, DeferredDrift, DriftCheckError
 from agentrl.tools.render import ChatRenderer, DriftCheck
 from agentrl.types import Generation, Message, SamplingParams, Status, ToolCall, ToolResult, Turn
 
@@ -51,6 +54,7 @@ class TrajectoryState:
     gen_s: float = 0.0
     tools_s: float = 0.0
     drift: DriftCheck | None = None  # incremental per-turn drift check, created on the first observation
+    drift_marks: list[tuple[int, int, int]] = field(default_factory=list)  # deferred: (turn, messages, ids) per check
     seed: int | None = None  # deterministic runs: the root of this trajectory's per-turn sampling seeds
 
     @property
@@ -77,6 +81,14 @@ class Rollout:
     renderer: ChatRenderer
     sampling: SamplingParams
     budgets: Budgets
+    drift_check: str = "inline"  # inline | deferred (needs drift_worker) | off
+    drift_worker: DeferredDrift | None = None
+
+    def __post_init__(self) -> None:
+        if self.drift_check not in DRIFT_MODES:
+            raise ValueError(f"drift_check={self.drift_check!r}: use one of {', '.join(DRIFT_MODES)}")
+        if self.drift_check == "deferred" and self.drift_worker is None:
+            raise ValueError("drift_check='deferred' needs a drift_worker (agentrl.tools.drift.DeferredDrift)")
 
     def start(self, task: Task, seed: int | None = None) -> TrajectoryState:
         messages = self.env.messages(task)
@@ -198,8 +210,31 @@ class Rollout:
         state.messages.extend(observation)
         turn.env_len = len(suffix)
         turn.observation = "\n".join(m.content for m in observation)
+        self._check_drift(state, turn)
+        return True
+
+    def _check_drift(self, state: TrajectoryState, turn: Turn) -> None:
+        if self.drift_check != "inline":  # deferred: answered by finish_drift; off: never (flags stay None)
+            turn.prefix_drift = turn.retokenize_mismatch = None
+            if self.drift_check == "deferred":
+                state.drift_marks.append((turn.index, len(state.messages), state.context_len))
+            return
         if state.drift is None:
             state.drift = self.renderer.drift_check()
         text_drift, token_drift = state.drift.check(state.messages, state.prompt_ids + state.completion_ids)
         turn.prefix_drift, turn.retokenize_mismatch = text_drift, token_drift
-        return True
+
+    async def finish_drift(self, state: TrajectoryState) -> str | None:
+        """Deferred mode: fill in the drift flags of the turns checked during the episode, computed off the event
+        loop (the same answers the inline check gives). Returns None, or the error that left them unset (None):
+        the flags are monitoring only, so a failed check never fails the trajectory. Call after the last turn."""
+        if self.drift_worker is None or not state.drift_marks:
+            return None
+        try:
+            answers = await self.drift_worker.answers(state.messages, state.prompt_ids + state.completion_ids,
+                                                      state.drift_marks)
+        except DriftCheckError as exc:
+            return str(exc)
+        for (index, _, _), (text_drift, token_drift) in zip(state.drift_marks, answers, strict=True):
+            state.turns[index].prefix_drift, state.turns[index].retokenize_mismatch = text_drift, token_drift
+        return None

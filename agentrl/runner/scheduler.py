@@ -91,6 +91,7 @@ class Progress:
     tokens: int = 0
     infra_errors: int = 0
     policy_errors: int = 0
+    drift_check_errors: int = 0  # deferred drift checks that failed (their turns' drift flags are unset)
     started: float = field(default_factory=time.perf_counter)
 
     def tokens_per_s(self) -> float:
@@ -110,6 +111,8 @@ class _Attempt:
     verdict: Verdict | None = None
     timing: Timing = field(default_factory=Timing)
     submission: Submission | None = None  # fresh grading: collected in the policy's sandbox, graded in another
+    drift: asyncio.Task[str | None] | None = None  # deferred drift check, runs while the trajectory is finalized
+    drift_error: str | None = None
 
 
 class Scheduler:
@@ -252,9 +255,13 @@ class Scheduler:
             run.state = self.rollout.start(task, seed=self.ids.trajectory_seed(group_id, k))
             await self._leased(run)
         except asyncio.CancelledError:
+            if run.drift is not None:
+                run.drift.cancel()
             raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes a verdict on the record
             run.verdict = classify(exc, run.stage, deadline_expired=isinstance(exc, _StageDeadline))
+        if run.drift is not None:
+            run.drift_error = await _drift_result(run.drift)
         run.timing.total_s = time.perf_counter() - t0
         end_session = getattr(self.rollout.engine, "end_session", None)
         if end_session is not None:  # engines with sticky routing forget this trajectory's worker
@@ -331,6 +338,8 @@ class Scheduler:
         except _StageDeadline:
             state.status = Status.timeout  # the policy ran out of wall time: scored on what it left behind
         run.timing.generation_s, run.timing.tools_s = state.gen_s, state.tools_s
+        if state.drift_marks:  # deferred drift check: off the loop, overlapping finalize
+            run.drift = asyncio.create_task(self.rollout.finish_drift(state))
         run.stage = Stage.finalize
         t = time.perf_counter()
         await _within(self.config.finalize_timeout_s, self._finalize(run, sandbox), "finalize_timeout_s")
@@ -396,7 +405,8 @@ class Scheduler:
             completion_ids=state.completion_ids, logprobs=state.logprobs, env_mask=state.env_mask,
             turns=state.turns, tests=None if infra else tests,
             error=verdict.message if verdict else None, error_kind=verdict.kind if verdict else None,
-            solution=run.solution, drift_count=sum(t.prefix_drift for t in state.turns), timing=run.timing,
+            solution=run.solution, drift_count=sum(t.prefix_drift is True for t in state.turns), timing=run.timing,
+            drift_check_error=run.drift_error,
             meta={**self.meta, "group_size": self.config.group_size},
         )
 
@@ -408,9 +418,21 @@ class Scheduler:
         p.tokens += traj.num_model_tokens
         p.infra_errors += traj.status is Status.infra_error
         p.policy_errors += traj.status is Status.policy_error
+        p.drift_check_errors += traj.drift_check_error is not None
         self.guard.add(traj)
         if self._on_trajectory is not None:
             self._on_trajectory(traj)
+
+
+async def _drift_result(task: asyncio.Task[str | None]) -> str | None:
+    """The deferred drift check's error (None when it succeeded); a bug in it is its error, never the record's."""
+    try:
+        return await task
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    except Exception as exc:  # noqa: BLE001 - monitoring only
+        return f"{type(exc).__name__}: {exc}"
 
 
 class _StageDeadline(TimeoutError):

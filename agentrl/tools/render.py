@@ -75,6 +75,11 @@ def _as_dicts(messages: list[Message]) -> list[dict[str, Any]]:
     return [_as_dict(m) for m in messages]
 
 
+def message_dicts(messages: list[Message]) -> list[dict[str, Any]]:
+    """The template's input for `messages` (plain dicts, `model_dump(exclude_none=True)`): picklable, cheap to send."""
+    return _as_dicts(messages)
+
+
 def _message_key(message: Message) -> tuple[str, str, str | None, str | None]:
     return message.role, message.content, message.name, message.tool_call_id
 
@@ -186,6 +191,8 @@ class ChatRenderer:
         if getattr(tokenizer, "chat_template", None) is None:
             raise TemplateError("the tokenizer has no chat_template; use an instruct/chat checkpoint")
         self.tok = tokenizer
+        self.tool_specs = list(tools or [])  # what a copy of this renderer (e.g. in a worker process) is built from
+        self.fast = fast
         self.tools = [t.to_openai() for t in tools] if tools else None
         self.end_of_turn_ids = self._end_of_turn_ids()
         self._direct = _Direct.build(tokenizer, self.tools, _probe_conversations()) if fast else None
@@ -412,7 +419,11 @@ class DriftCheck:
         self._dicts: list[dict[str, Any]] = []
 
     def check(self, messages: list[Message], ids: list[int]) -> tuple[bool, bool]:
-        rendered = self.r.render_dicts(self._as_dicts(messages), gen_prompt=True)
+        return self.check_dicts(self._as_dicts(messages), ids)
+
+    def check_dicts(self, dicts: list[dict[str, Any]], ids: list[int]) -> tuple[bool, bool]:
+        """`check` for messages already converted by `message_dicts` (each call: the conversation so far)."""
+        rendered = self.r.render_dicts(dicts, gen_prompt=True)
         self._decode_new(ids)
         if rendered != self._text:
             return True, True
@@ -448,3 +459,12 @@ class DriftCheck:
         if self._text[self._ok_chars:self._ok_chars + len(span)] != span:
             return  # decoding is not segment-additive here: keep the old checkpoint (still correct, just longer)
         self._ok_ids, self._ok_chars = last + 1, self._ok_chars + len(span)
+
+
+def drift_answers(renderer: ChatRenderer, dicts: list[dict[str, Any]], ids: list[int],
+                  marks: list[tuple[int, int, int]]) -> list[tuple[bool, bool]]:
+    """The per-turn answers of a `DriftCheck` run after the fact: `marks` holds, per checked turn, (turn index,
+    messages so far, ids so far); the conversation only grows, so each turn's check sees `dicts[:m]`, `ids[:n]`,
+    exactly what the check saw (or would have seen) during the episode."""
+    check = DriftCheck(renderer)
+    return [check.check_dicts(dicts[:m], ids[:n]) for _, m, n in marks]

@@ -122,6 +122,7 @@ class TrainConfig(_Config):
     importance_sampling: ImportanceSampling = Field(default_factory=ImportanceSampling)
     pipeline: PipelineOptions = Field(default_factory=PipelineOptions)
     rollout: RolloutOptions = Field(default_factory=RolloutOptions)
+    drift_check: Literal["deferred", "inline", "off"] = "deferred"  # see RolloutConfig.drift_check
     # -- rollouts (the same pieces as `agentrl rollout`)
     sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(temperature=1.0))
     budgets: BudgetConfig = Field(default_factory=BudgetConfig)
@@ -219,7 +220,7 @@ class TrainConfig(_Config):
             max_trajectories=self.max_trajectories, infra_retries=self.infra_retries, sampling=self.sampling,
             max_unscored_frac=self.max_unscored_frac, unscored_min_trajectories=self.unscored_min_trajectories,
             budgets=self.budgets, engine=self.engine.model_copy(update={"model": self.model}), sandbox=self.sandbox,
-            reward=self.reward,
+            reward=self.reward, drift_check=self.drift_check,
         )
 
     def training_sampling(self, eos_token_ids: list[int]) -> SamplingParams:

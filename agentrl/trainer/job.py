@@ -53,7 +53,7 @@ log = logging.getLogger("agentrl.trainer")
 
 # fields a resume may change: they do not change what is trained
 RESUMABLE_CHANGES = frozenset({"steps", "eval_every", "eval", "checkpoint_every", "keep_checkpoints",
-                               "max_trajectories", "sandbox", "output_dir", "snapshot"})
+                               "max_trajectories", "sandbox", "output_dir", "snapshot", "drift_check"})
 
 
 @dataclass
@@ -71,6 +71,8 @@ class JobParts:
     meta: dict[str, Any] = field(default_factory=dict)
     scorer: Scorer | None = None  # the job's reward (cfg.reward); None: unit_tests. Closed by the job
     snapshot_tasks: list[Task] = field(default_factory=list)  # the fixed set of behaviour snapshots
+    drift_check: str = "inline"  # the per-turn drift check's mode (RolloutConfig.drift_check)
+    drift_worker: Any = None  # DeferredDrift for mode "deferred"; closed by the caller
 
 
 @dataclass
@@ -144,7 +146,8 @@ class Job:
         self.sampling = cfg.training_sampling(list(parts.engine.eos_token_ids))
         self.budgets = budgets_of(cfg, parts.engine)
         self.rollout = Rollout(env=parts.env, engine=parts.engine, renderer=parts.renderer,
-                               sampling=self.sampling, budgets=self.budgets)
+                               sampling=self.sampling, budgets=self.budgets, drift_check=parts.drift_check,
+                               drift_worker=parts.drift_worker)
         self.sched_cfg = SchedulerConfig.from_config(cfg)
         check_time_needs(parts.env, tool_timeout_s=cfg.budgets.tool_timeout_s,
                          finalize_timeout_s=cfg.budgets.finalize_timeout_s)
