@@ -155,9 +155,10 @@ class RolloutConfig(_Config):
     infra_retries: int = Field(default=2, ge=0)
     max_unscored_frac: float = Field(default=0.10, ge=0.0, le=1.0)  # more infra_error than this stops the run
     unscored_min_trajectories: int = Field(default=20, ge=1)  # ... once this many trajectories are in
-    # per-turn template drift check (monitoring only): deferred = after the last turn, in a worker process, same
-    # answers; inline = on the event loop every turn; off = none (the turns' drift flags stay null)
-    drift_check: Literal["deferred", "inline", "off"] = "deferred"
+    # per-turn template drift check (monitoring only): inline = on the event loop every turn (default: its gain at
+    # 2,000 in flight was within this machine's noise, BENCHMARKS.md); deferred = after the last turn, in a worker
+    # process, same answers; off = none (the turns' drift flags stay null)
+    drift_check: Literal["deferred", "inline", "off"] = "inline"
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     budgets: BudgetConfig = Field(default_factory=BudgetConfig)
     engine: EngineConfig = Field(default_factory=LocalEngineConfig)

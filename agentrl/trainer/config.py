@@ -122,7 +122,7 @@ class TrainConfig(_Config):
     importance_sampling: ImportanceSampling = Field(default_factory=ImportanceSampling)
     pipeline: PipelineOptions = Field(default_factory=PipelineOptions)
     rollout: RolloutOptions = Field(default_factory=RolloutOptions)
-    drift_check: Literal["deferred", "inline", "off"] = "deferred"  # see RolloutConfig.drift_check
+    drift_check: Literal["deferred", "inline", "off"] = "inline"  # see RolloutConfig.drift_check
     # -- rollouts (the same pieces as `agentrl rollout`)
     sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(temperature=1.0))
     budgets: BudgetConfig = Field(default_factory=BudgetConfig)
