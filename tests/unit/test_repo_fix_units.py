@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from agentrl_repo_fix import mutate, trees
-from agentrl_repo_fix.build import TASK_FORMAT, ordered_candidates
+from agentrl_repo_fix.build import TASK_FORMAT, _stable_msg, ordered_candidates
 from agentrl_repo_fix.env import RepoFixEnv, load_tasks
 from agentrl_repo_fix.grading import merge, protected, verdict
 from agentrl_repo_fix.lockfile import load_lockfile
@@ -181,6 +181,16 @@ def test_committed_tasks_are_valid_and_split_by_package() -> None:
     assert all(len(s) == 1 for s in splits.values())  # a package is in train or eval, never both
     assert {r["id"] for r in RepoFixEnv(split="train").rows()} <= {r["id"] for r in rows}
     assert env.time_needs()["finalize"] <= 300 and env.time_needs()["tool_call"] <= 120  # the default budgets
+    # the acceptance scale: >= 10 packages and >= 300 validated tasks; eval packages hold no train task
+    assert len(splits) >= 10 and len(rows) >= 300
+    train = {r["package"] for r in RepoFixEnv(split="train").rows()}
+    evals = {r["package"] for r in RepoFixEnv(split="eval").rows()}
+    assert train and evals and not train & evals
+
+
+def test_failure_messages_are_normalized_to_what_is_stable_across_runs() -> None:
+    raw = "at 0x7f3a2b1c4d50 took 1.25s in /tmp/pytest-of-root/pytest-124/test_cli0/x.sql"
+    assert _stable_msg(raw) == "at 0x? took <t> in /tmp/pytest-of-root/pytest-N/test_cli0/x.sql"
 
 
 def test_changes_that_reach_into_the_test_harness_are_flagged() -> None:

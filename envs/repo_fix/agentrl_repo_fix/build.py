@@ -33,6 +33,7 @@ MUTANT_TIMEOUT_FACTOR = 10.0  # a mutant's suite may take this many times the pr
 MUTANT_TIMEOUT_MIN_S = 60.0
 _ADDR = re.compile(r"0x[0-9a-fA-F]{6,}")
 _DURATION = re.compile(r"\d+\.\d+s\b")
+_PYTEST_TMP = re.compile(r"pytest-\d+")  # pytest's numbered basetemp (pytest-124/...) differs run to run
 
 
 @dataclass
@@ -124,7 +125,7 @@ def ordered_candidates(tree: trees.Tree, files: list[str], rng: random.Random) -
 
 
 def _stable_msg(text: str) -> str:
-    return _DURATION.sub("<t>", _ADDR.sub("0x?", text))
+    return _PYTEST_TMP.sub("pytest-N", _DURATION.sub("<t>", _ADDR.sub("0x?", text)))
 
 
 def validate(pristine: trees.Tree, buggy: trees.Tree, pkg: Package, venv: Path, stable: list[str],
