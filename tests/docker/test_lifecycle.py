@@ -93,6 +93,7 @@ async def test_pool_recovers_after_dockerd_restarts() -> None:
     async with _pool(warm=2, max_sandboxes=3) as pool:
         async with pool.lease() as sb:
             assert (await sb.exec("echo before")).stdout == "before\n"
+        await pool.fill(timeout_s=120)  # the warm set is there when the daemon goes (under load it may still start)
         await asyncio.to_thread(restart_dockerd)
         for _ in range(3):  # warm sandboxes died with the daemon: each lease must still get a working one
             async with pool.lease() as sb:
