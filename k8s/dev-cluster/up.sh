@@ -198,6 +198,11 @@ makeIPTablesUtilChains: false
 clusterDomain: cluster.local
 resolvConf: /etc/resolv.conf
 serializeImagePulls: false
+# absolute eviction floors and no image GC: the defaults (evict below 10-15% free disk, GC images above 85% used)
+# evicted sandbox pods on a large, mostly full developer disk, and image GC would delete images loaded without a registry
+evictionHard: {memory.available: "100Mi", nodefs.available: "1Gi", imagefs.available: "1Gi", nodefs.inodesFree: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
 KY
   export AGENTRL_DEV_NODE_CPUS=$NODE_CPUS
   start kubelet "$P/bin/kubelet" --config="$K/config.yaml" --kubeconfig="$C/kubelet.kubeconfig" \
