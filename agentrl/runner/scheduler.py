@@ -284,45 +284,39 @@ class Scheduler:
         classified while the sandbox is still known (the backend is asked what happened to it); teardown failures
         are logged and never change the verdict. Fresh grading follows once the policy's sandbox is returned (so a
         trajectory never holds two leases: a full pool cannot deadlock on grading)."""
-        t0 = time.perf_counter()
-        run.stage = Stage.lease
-        lease = lease_sandbox(self.pool, self.rollout.env, run.task)
-        sandbox = await _within(self.config.lease_timeout_s, lease.__aenter__(), "lease_timeout_s")
-        run.timing.sandbox_wait_s = time.perf_counter() - t0
-        try:
-            await self._in_sandbox(run, sandbox)
-        except asyncio.CancelledError as exc:
-            await self._teardown(lease, exc)
-            raise
-        except Exception as exc:  # noqa: BLE001
-            run.verdict = await self._verdict(exc, run.stage, sandbox)
-        await self._teardown(lease, None)
+        await self._with_lease(run, Stage.lease, lambda sandbox: self._in_sandbox(run, sandbox))
         if run.submission is not None and run.verdict is None:
-            await self._grade_fresh(run, run.submission)
+            submission = run.submission
+            await self._with_lease(run, Stage.grade_lease, lambda sandbox: self._grade_in(run, sandbox, submission))
 
-    async def _grade_fresh(self, run: _Attempt, submission: Submission) -> None:
-        """Fresh grading: lease a second sandbox from the pool (lease_timeout_s; failing or expiring is infra, the
-        policy has no part in it), run env.grade there under what collect() left of finalize_timeout_s, return it.
-        A death of that sandbox is classified on its own facts (the policy's kept code may run in its commands)."""
+    async def _with_lease(self, run: _Attempt, stage: Stage, body: Callable[[Any], Awaitable[None]]) -> None:
+        """Lease a sandbox for `run.task` (lease_timeout_s, counted in sandbox_wait_s; a failure here propagates
+        with `stage` set, for the caller to classify), run `body(sandbox)`, classify a failure inside while the
+        sandbox is still known (the backend is asked what happened to it), then return it. Teardown failures are
+        logged and never change the verdict."""
         t0 = time.perf_counter()
-        run.stage = Stage.grade_lease
+        run.stage = stage
         lease = lease_sandbox(self.pool, self.rollout.env, run.task)
         sandbox = await _within(self.config.lease_timeout_s, lease.__aenter__(), "lease_timeout_s")
-        wait_s = time.perf_counter() - t0
-        run.timing.sandbox_wait_s += wait_s
+        run.timing.sandbox_wait_s += time.perf_counter() - t0
         try:
-            run.stage = Stage.finalize
-            left = max(self.config.finalize_timeout_s - run.timing.finalize_s, 0.0)
-            t = time.perf_counter()
-            run.tests = await _within(left, self.rollout.env.grade(sandbox, run.task, submission),
-                                      "finalize_timeout_s")
-            run.timing.finalize_s += time.perf_counter() - t
+            await body(sandbox)
         except asyncio.CancelledError as exc:
             await self._teardown(lease, exc)
             raise
         except Exception as exc:  # noqa: BLE001
             run.verdict = await self._verdict(exc, run.stage, sandbox)
         await self._teardown(lease, None)
+
+    async def _grade_in(self, run: _Attempt, sandbox: Any, submission: Submission) -> None:
+        """Fresh grading, in a second sandbox leased after the policy's was returned (a failing or expiring lease is
+        infra: the policy has no part in it): env.grade under what collect() left of finalize_timeout_s. A death of
+        that sandbox is classified on its own facts (the policy's kept code may run in its commands)."""
+        run.stage = Stage.finalize
+        left = max(self.config.finalize_timeout_s - run.timing.finalize_s, 0.0)
+        t = time.perf_counter()
+        run.tests = await _within(left, self.rollout.env.grade(sandbox, run.task, submission), "finalize_timeout_s")
+        run.timing.finalize_s += time.perf_counter() - t
 
     async def _in_sandbox(self, run: _Attempt, sandbox: Any) -> None:
         env, task, state = self.rollout.env, run.task, run.state

@@ -5,6 +5,7 @@ Fakes only the model: everything else (runner, sandbox, env, store) runs for rea
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -61,3 +62,19 @@ class ScriptedEngine:
 
     def info(self) -> dict[str, Any]:
         return {"engine": self.name}
+
+
+def hermes_call(name: str, **args: Any) -> str:
+    """A scripted reply's tool call in the hermes format (`<tool_call>{"name", "arguments"}</tool_call>`)."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+
+
+def single_hunk_edit(diff: str) -> tuple[str, str, str]:
+    """(file, old text, new text) of a one-file, single-hunk unified diff: what a scripted policy passes to a
+    str_replace editor to apply it."""
+    lines = diff.splitlines()
+    path = lines[0].split(" b/", 1)[1]
+    body = lines[lines.index(next(ln for ln in lines if ln.startswith("@@"))) + 1:]
+    old = "\n".join(ln[1:] for ln in body if ln[:1] in (" ", "-"))
+    new = "\n".join(ln[1:] for ln in body if ln[:1] in (" ", "+"))
+    return path, old, new

@@ -10,7 +10,6 @@ Uses the committed inflection tasks. The first run fills the cache (`prepare`: s
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 import uuid
@@ -23,7 +22,7 @@ from agentrl_repo_fix.lockfile import ensure_venv, fetch_sdist, load_lockfile
 from agentrl.envs import lease_sandbox
 from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
 from agentrl.sandbox import SandboxPool, SandboxSpec
-from agentrl.testing.scripted import ScriptedEngine
+from agentrl.testing.scripted import ScriptedEngine, hermes_call, single_hunk_edit
 from agentrl.tools.render import ChatRenderer
 from agentrl.types import SamplingParams, Status
 
@@ -85,29 +84,18 @@ async def test_reference_passes_and_noop_fails_in_the_package_image(env: RepoFix
     assert (noop.passed, noop.total) == (0, 1)
 
 
-def _edit_from_reference(diff: str) -> tuple[str, str, str]:
-    lines = diff.splitlines()
-    path = lines[0].split(" b/", 1)[1]
-    body = lines[lines.index(next(ln for ln in lines if ln.startswith("@@"))) + 1:]
-    old = "\n".join(ln[1:] for ln in body if ln[:1] in (" ", "-"))
-    new = "\n".join(ln[1:] for ln in body if ln[:1] in (" ", "+"))
-    return path, old, new
-
-
-def _call(name: str, **args: Any) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
 
 
 async def test_scripted_episode_through_the_runner_earns_reward_one_on_docker(env: RepoFixEnv,
                                                                               smollm2_tokenizer: Any) -> None:
     task = next(t for t in env.tasks() if str(t.data["reference_diff"]).count("@@ -") == 1)
-    path, old, new = _edit_from_reference(str(task.data["reference_diff"]))
+    path, old, new = single_hunk_edit(str(task.data["reference_diff"]))
     replies = [
-        _call("bash", command="command -v python; git log --oneline | wc -l"),
-        _call("str_replace_editor", command="view", path=path, view_range=[1, 20]),
-        _call("str_replace_editor", command="str_replace", path=path, old_str=old, new_str=new),
-        _call("bash", command=f"python -m pytest -q -x {' '.join(task.data['tests'])} 2>&1 | tail -3"),
-        _call("submit"),
+        hermes_call("bash", command="command -v python; git log --oneline | wc -l"),
+        hermes_call("str_replace_editor", command="view", path=path, view_range=[1, 20]),
+        hermes_call("str_replace_editor", command="str_replace", path=path, old_str=old, new_str=new),
+        hermes_call("bash", command=f"python -m pytest -q -x {' '.join(task.data['tests'])} 2>&1 | tail -3"),
+        hermes_call("submit"),
     ]
     engine = ScriptedEngine(smollm2_tokenizer, replies, context_window=32768)
     rollout = Rollout(env=env, engine=engine, renderer=ChatRenderer(smollm2_tokenizer),

@@ -20,7 +20,7 @@ from agentrl_repo_fix.lockfile import ensure_venv, fetch_sdist, load_lockfile
 
 from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
 from agentrl.sandbox import SandboxPool
-from agentrl.testing.scripted import ScriptedEngine
+from agentrl.testing.scripted import ScriptedEngine, hermes_call, single_hunk_edit
 from agentrl.tools.render import ChatRenderer
 from agentrl.types import SamplingParams, Status, ToolCall
 
@@ -132,30 +132,18 @@ async def test_tools_behave_as_described(env: RepoFixEnv) -> None:
         assert r.done
 
 
-def _edit_from_reference(diff: str) -> tuple[str, str, str]:
-    """(file, old_str, new_str) of a single-hunk reference diff."""
-    lines = diff.splitlines()
-    path = lines[0].split(" b/", 1)[1]
-    body = lines[lines.index(next(ln for ln in lines if ln.startswith("@@"))) + 1:]
-    old = "\n".join(ln[1:] for ln in body if ln[:1] in (" ", "-"))
-    new = "\n".join(ln[1:] for ln in body if ln[:1] in (" ", "+"))
-    return path, old, new
-
-
-def _call(name: str, **args: Any) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
 
 
 async def test_scripted_episode_through_the_runner_earns_reward_one(env: RepoFixEnv, smollm2_tokenizer: Any) -> None:
     task = next(t for t in env.tasks() if str(t.data["reference_diff"]).count("@@ -") == 1)
-    path, old, new = _edit_from_reference(str(task.data["reference_diff"]))
+    path, old, new = single_hunk_edit(str(task.data["reference_diff"]))
     tests = " ".join(task.data["tests"])
     replies = [
-        _call("str_replace_editor", command="view", path=path, view_range=[1, 20]),
-        _call("bash", command=f"grep -n 'def ' {path} | head -5"),
-        _call("str_replace_editor", command="str_replace", path=path, old_str=old, new_str=new),
-        _call("bash", command=f"python -m pytest -q -x {tests} 2>&1 | tail -3"),
-        _call("submit"),
+        hermes_call("str_replace_editor", command="view", path=path, view_range=[1, 20]),
+        hermes_call("bash", command=f"grep -n 'def ' {path} | head -5"),
+        hermes_call("str_replace_editor", command="str_replace", path=path, old_str=old, new_str=new),
+        hermes_call("bash", command=f"python -m pytest -q -x {tests} 2>&1 | tail -3"),
+        hermes_call("submit"),
     ]
     engine = ScriptedEngine(smollm2_tokenizer, replies, context_window=32768)
     rollout = Rollout(env=env, engine=engine, renderer=ChatRenderer(smollm2_tokenizer),
@@ -230,7 +218,7 @@ async def test_planted_hooks_neither_forge_a_pass_nor_break_an_honest_fix(env: R
     """conftest hooks, a user-site .pth, sitecustomize and a symlink planted by the policy: a buggy repo still scores
     0 (the plants are dropped or never loaded) and the reference fix among the same plants still scores 1."""
     task = env.tasks()[0]
-    path, old, new = _edit_from_reference(str(task.data["reference_diff"]))
+    path, old, new = single_hunk_edit(str(task.data["reference_diff"]))
     for fix in (False, True):
         async with _pool(env) as pool, pool.lease() as sb:
             await env.setup(sb, task)
@@ -283,12 +271,12 @@ async def test_what_the_policy_leaves_outside_repo_is_absent_where_grading_runs(
     /tmp and /repo are empty, no process of the policy), and the fix still earns 1.0."""
     probed = _ProbedEnv(packages=[PACKAGE])
     task = next(t for t in probed.tasks() if str(t.data["reference_diff"]).count("@@ -") == 1)
-    path, old, new = _edit_from_reference(str(task.data["reference_diff"]))
+    path, old, new = single_hunk_edit(str(task.data["reference_diff"]))
     plant = PLANT + "setsid sleep 1000 </dev/null >/dev/null 2>&1 &\necho extra > /workspace/notes.txt\n"
-    replies = [_call("bash", command=plant),
-               _call("str_replace_editor", command="str_replace", path=path, old_str=old, new_str=new),
-               _call("bash", command="ls -A /tmp /workspace | head; ls ~/.local/lib/python3.11/site-packages"),
-               _call("submit")]
+    replies = [hermes_call("bash", command=plant),
+               hermes_call("str_replace_editor", command="str_replace", path=path, old_str=old, new_str=new),
+               hermes_call("bash", command="ls -A /tmp /workspace | head; ls ~/.local/lib/python3.11/site-packages"),
+               hermes_call("submit")]
     engine = ScriptedEngine(smollm2_tokenizer, replies, context_window=32768)
     rollout = Rollout(env=probed, engine=engine, renderer=ChatRenderer(smollm2_tokenizer),
                       sampling=SamplingParams(temperature=1.0, max_new_tokens=2048,
