@@ -18,14 +18,22 @@ def sample(
     """Pick one token per row of `logits` [B, V]; return (tokens [B], logprobs [B]).
 
     The logprob is log_softmax(logits / T) at the chosen token, before top-p/top-k filtering (T = 1 for greedy rows,
-    which take the argmax). Sampled rows draw from the filtered distribution with their own generator.
+    which take the argmax). Sampled rows draw from the filtered distribution with their own generator. Rows without
+    top-p/top-k (plain temperature, the RL default) are drawn together in one batched softmax / cumsum / search: the
+    same numbers per row as `_sample_row` (row-wise kernels; one uniform per row from its own generator, in row
+    order), without a Python-level pass over the vocabulary per row, which made a decode step grow with the batch.
     """
     logits = logits.float()
     temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=logits.device)
     scaled = logits / temps[:, None]
     tokens = scaled.argmax(dim=-1)
+    plain = [i for i, p in enumerate(params) if not p.greedy and p.top_k == 0 and p.top_p >= 1.0]
+    if len(plain) > 1:
+        index = torch.tensor(plain, device=logits.device)
+        tokens[index] = _draw_rows(scaled[index], [generators[i] for i in plain])
+    batched = set(plain) if len(plain) > 1 else set()
     for i, (p, generator) in enumerate(zip(params, generators)):
-        if not p.greedy:
+        if not p.greedy and i not in batched:
             tokens[i] = _sample_row(scaled[i], p, generator)
     logprobs = torch.log_softmax(scaled, dim=-1).gather(1, tokens[:, None]).squeeze(1)
     return tokens, logprobs
@@ -53,6 +61,19 @@ def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tenso
     u = torch.rand((), generator=generator, dtype=torch.float64) * cdf[-1]
     index = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[0] - 1)
     return index.to(probs.device)
+
+
+def _draw_rows(scaled: torch.Tensor, generators: list[torch.Generator | None], chunk: int = 8) -> torch.Tensor:
+    """`_draw(softmax(row))` for each row of `scaled` [R, V] (row r with generators[r], one uniform each, in row
+    order), `chunk` rows at a time: a [32, 49k] float64 cumsum is 12 MB, which the allocator maps and faults in
+    afresh on every call (measured 8.6 ms for 32 rows at once, 1.1 ms in chunks of 8, 2.8 ms row by row)."""
+    out = []
+    for start in range(0, scaled.shape[0], chunk):
+        cdf = torch.cumsum(torch.softmax(scaled[start:start + chunk], dim=-1), -1, dtype=torch.float64).cpu()
+        u = torch.stack([torch.rand((), generator=g, dtype=torch.float64)
+                         for g in generators[start:start + chunk]]) * cdf[:, -1]
+        out.append(torch.searchsorted(cdf, u[:, None], right=True).squeeze(1).clamp(max=cdf.shape[-1] - 1))
+    return torch.cat(out).to(scaled.device)
 
 
 def _top_candidates(probs: torch.Tensor, p: SamplingParams, first_try: int = 1024) -> torch.Tensor:
