@@ -159,6 +159,9 @@ class RolloutConfig(_Config):
     # 2,000 in flight was within this machine's noise, BENCHMARKS.md); deferred = after the last turn, in a worker
     # process, same answers; off = none (the turns' drift flags stay null)
     drift_check: Literal["deferred", "inline", "off"] = "inline"
+    # once start-up is over: freeze the start-up objects out of the collector's scans and collect young objects
+    # less often (agentrl/cli/gc_policy.py; the largest event-loop cost at 2,000 in flight); never changes results
+    gc_tune: bool = True
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     budgets: BudgetConfig = Field(default_factory=BudgetConfig)
     engine: EngineConfig = Field(default_factory=LocalEngineConfig)

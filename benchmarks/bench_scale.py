@@ -5,17 +5,27 @@ simulated sleeps), memory per in-flight trajectory (peak RSS growth / trajectori
 the over-sampling cut on a heavy tail (seconds per step with and without `oversample`).
 
 `--drift-check` picks where the per-turn drift check runs (deferred: in a worker process after the last turn, whose
-CPU is reported separately as worker_cpu_ms_per_tool_call; inline: on the event loop; off). `--gc-tune` freezes the
-start-up objects and raises the gen-0 GC threshold before the runs (what a composition root could do).
+CPU is reported separately as worker_cpu_ms_per_tool_call; inline: on the event loop; off). `--gc` applies the CLI's
+collector policy after start-up (tuned, the default of `gc_tune`: agentrl/cli/gc_policy.py) or leaves CPython's
+defaults (default); each size reports what the collector cost (collections, seconds, longest pause).
+
+`--workload` picks the simulated edges' costs:
+- stress: tool commands with a 50 ms median (lognormal, p99/p50 ~ 33x), a decode step of 0.5 ms growing to 2.5 ms at
+  2,000 calls in flight, prefills in parallel without limit. ~10,000 turns/s are asked of the runner while all
+  2,000 run (first ~2 s), then the heavy tail drains; a turn rate ~30x the one below.
+- seed: the workload of the issue's own numbers (80,000 container executions in a 5-12 minute step with 1,300-1,800
+  sandboxes alive: ~110-270 tool calls/s). Tool commands 1 s median (mean 3.1 s, p99 33 s: "tens of seconds"),
+  a decode step of 10 ms growing to 88 ms at 2,000 in flight, prefills sharing 50,000 tokens/s (a chunked-prefill
+  engine). ~400 turns/s at 2,000 in flight, held for tens of seconds.
 
     PYTHONPATH=. python benchmarks/bench_scale.py --sizes 100 500 2000 --turns 8
+    PYTHONPATH=. python benchmarks/bench_scale.py --workload seed --sizes 2000 --turns 8 --steps 0
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import sys
@@ -24,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentrl.cli.gc_policy import GcMonitor, tune
 from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
 from agentrl.store import TrajectoryStore
 from agentrl.testing.simulated import SimulatedEngine, SimulatedEnv, SimulatedPool, number_replies
@@ -41,11 +52,17 @@ def tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(resolve_model(None))
 
 
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "stress": {"exec_p50_s": 0.05, "engine": {"decode_s": 0.0005, "batch_knee": 512}},
+    "seed": {"exec_p50_s": 1.0, "engine": {"decode_s": 0.01, "batch_knee": 256, "prefill_tokens_per_s": 50_000}},
+}
+
+
 def build(tok: Any, n: int, turns: int, *, exec_p50_s: float, death_p: float, group_size: int = 8,
-          drift: str = "inline", worker: DeferredDrift | None = None
+          drift: str = "inline", worker: DeferredDrift | None = None, engine_kw: dict[str, Any] | None = None
           ) -> tuple[Scheduler, SimulatedEngine, SimulatedPool, SimulatedEnv]:
     env = SimulatedEnv(tasks=max(1, n // group_size))
-    engine = SimulatedEngine(tok, number_replies(), decode_s=0.0005, batch_knee=512)
+    engine = SimulatedEngine(tok, number_replies(), **(engine_kw or WORKLOADS["stress"]["engine"]))
     pool = SimulatedPool(exec_p50_s=exec_p50_s, death_p=death_p, max_sandboxes=n + 64)
     rollout = Rollout(env=env, engine=engine, renderer=ChatRenderer(tok, env.tools),
                       sampling=SamplingParams(temperature=1.0, max_new_tokens=32, seed=1),
@@ -77,10 +94,13 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
 
 
-async def one_size(tok: Any, n: int, turns: int, out_dir: Path, drift: str) -> dict[str, Any]:
+async def one_size(tok: Any, n: int, turns: int, out_dir: Path, drift: str, workload: str = "stress"
+                   ) -> dict[str, Any]:
     worker = DeferredDrift(ChatRenderer(tok, SimulatedEnv.tools)) if drift == "deferred" else None
     worker_cpu0 = await worker.worker_cpu_s() if worker else 0.0  # started (and its renderer built) before timing
-    sched, engine, pool, env = build(tok, n, turns, exec_p50_s=0.05, death_p=0.002, drift=drift, worker=worker)
+    w = WORKLOADS[workload]
+    sched, engine, pool, env = build(tok, n, turns, exec_p50_s=w["exec_p50_s"], death_p=0.002, drift=drift,
+                                     worker=worker, engine_kw=w["engine"])
     lags: list[float] = []
     rss: list[int] = []
     stop = asyncio.Event()
@@ -89,13 +109,16 @@ async def one_size(tok: Any, n: int, turns: int, out_dir: Path, drift: str) -> d
     store = TrajectoryStore(out_dir / f"scale-{n}.jsonl")
     store_s, stored = 0.0, 0
     cpu0, t0 = time.process_time(), time.perf_counter()
-    handles = [sched.submit(task) for task in env.tasks()]
-    for fut in asyncio.as_completed(handles):
-        group = await fut
-        ts = time.perf_counter()
-        await asyncio.to_thread(store.append_group, group)
-        store_s += time.perf_counter() - ts
-        stored += len(group)
+    in_flight_s = 0.0  # how long all n trajectories were running at once (before the first group was done)
+    with GcMonitor() as gc_mon:
+        handles = [sched.submit(task) for task in env.tasks()]
+        for fut in asyncio.as_completed(handles):
+            group = await fut
+            in_flight_s = in_flight_s or time.perf_counter() - t0
+            ts = time.perf_counter()
+            await asyncio.to_thread(store.append_group, group)
+            store_s += time.perf_counter() - ts
+            stored += len(group)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     worker_cpu = await worker.worker_cpu_s() - worker_cpu0 if worker else 0.0
     if worker:
@@ -105,8 +128,11 @@ async def one_size(tok: Any, n: int, turns: int, out_dir: Path, drift: str) -> d
     await probe
     store.close()
     calls = max(sched.progress.tool_calls, 1)
-    return {"trajectories": stored, "turns": turns, "wall_s": round(wall, 2), "tool_calls": calls,
+    return {"workload": workload, "trajectories": stored, "turns": turns, "wall_s": round(wall, 2),
+            "all_in_flight_s": round(in_flight_s, 2), "tool_calls": calls,
             "loop_lag_p50_ms": round(pct(lags, 0.5) * 1e3, 2), "loop_lag_p99_ms": round(pct(lags, 0.99) * 1e3, 2),
+            "loop_lag_p999_ms": round(pct(lags, 0.999) * 1e3, 2), "loop_lag_max_ms": round(max(lags, default=0) * 1e3, 2),
+            **gc_mon.summary(),
             "cpu_ms_per_tool_call": round(cpu / calls * 1e3, 3),
             "worker_cpu_ms_per_tool_call": round(worker_cpu / calls * 1e3, 3),
             "drift_check": drift, "drift_check_errors": sched.progress.drift_check_errors,
@@ -138,16 +164,14 @@ async def oversample_run(tok: Any, oversample: float, steps: int, batch: int) ->
 async def main(args: argparse.Namespace) -> None:
     tok = tokenizer()
     out: dict[str, Any] = {"load_avg_before": os.getloadavg(), "sizes": {}, "oversample": [],
-                           "drift_check": args.drift_check, "gc_tune": args.gc_tune}
-    if args.gc_tune:
-        gc.collect()
-        gc.freeze()  # start-up objects (tokenizer, modules) are never scanned again
-        gc.set_threshold(50_000, 20, 20)
+                           "drift_check": args.drift_check, "gc": args.gc, "workload": args.workload}
+    if args.gc == "tuned":
+        out["gc_tune"] = tune()  # what the CLI does once start-up is over
     with tempfile.TemporaryDirectory() as d:
         for n in args.sizes:
-            out["sizes"][n] = await one_size(tok, n, args.turns, Path(d), args.drift_check)
+            out["sizes"][n] = await one_size(tok, n, args.turns, Path(d), args.drift_check, args.workload)
             print(n, out["sizes"][n], file=sys.stderr)
-    for o in (1.0, 1.25):
+    for o in (1.0, 1.25) if args.steps else ():
         out["oversample"].append(await oversample_run(tok, o, args.steps, args.batch))
         print(out["oversample"][-1], file=sys.stderr)
     out["load_avg_after"] = os.getloadavg()
@@ -161,5 +185,6 @@ if __name__ == "__main__":
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--drift-check", choices=["deferred", "inline", "off"], default="deferred")
-    p.add_argument("--gc-tune", action="store_true")
+    p.add_argument("--gc", choices=["tuned", "default"], default="tuned")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="stress")
     asyncio.run(main(p.parse_args()))

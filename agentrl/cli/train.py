@@ -122,7 +122,8 @@ def _pool_for(cfg: Any, env: Any = None) -> Any:
 
 def run_train(cfg: Any, *, resume: bool = False) -> Any:
     """Build the components of `cfg` and run the job (blocking). Returns the trainer's JobResult."""
-    from agentrl.cli.wiring import _renderer, make_drift, make_engine_and_tokenizer, make_scorer, select_tasks
+    from agentrl.cli.wiring import (_renderer, make_drift, make_engine_and_tokenizer, make_scorer, select_tasks,
+                                    tune_gc)
     from agentrl.envs import get_env
     from agentrl.trainer.job import Job, JobParts
 
@@ -135,6 +136,7 @@ def run_train(cfg: Any, *, resume: bool = False) -> Any:
     engine, tokenizer, model_path = make_engine_and_tokenizer(cfg.rollout_config())
     renderer = _renderer(env, tokenizer)
     drift = make_drift(cfg.drift_check, renderer)
+    tune_gc(cfg.gc_tune)
     try:
         parts = JobParts(env=env, tasks=tasks, engine=engine, tokenizer=tokenizer, model_path=model_path,
                          renderer=renderer, pool=_pool_for(cfg, env), eval_tasks=eval_tasks,
@@ -200,7 +202,7 @@ def _default_eval_out(checkpoint: Path) -> Path:
 
 
 async def _eval_one(cfg: Any, env: Any, tasks: list[Any], path: Path, pool: Any, label: str, out: Path) -> dict:
-    from agentrl.cli.wiring import _renderer, make_drift, make_engine_and_tokenizer, make_scorer
+    from agentrl.cli.wiring import _renderer, make_drift, make_engine_and_tokenizer, make_scorer, tune_gc
     from agentrl.runner import Rollout, SchedulerConfig
     from agentrl.trainer.eval import evaluate
     from agentrl.trainer.job import budgets_of
@@ -210,6 +212,7 @@ async def _eval_one(cfg: Any, env: Any, tasks: list[Any], path: Path, pool: Any,
     engine, tokenizer, model_path = await asyncio.to_thread(make_engine_and_tokenizer, rcfg)
     renderer = _renderer(env, tokenizer)
     drift = make_drift(cfg.drift_check, renderer)
+    tune_gc(cfg.gc_tune)
     try:
         sampling = cfg.training_sampling(list(engine.eos_token_ids))
         rollout = Rollout(env=env, engine=engine, renderer=renderer, sampling=sampling,

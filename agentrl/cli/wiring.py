@@ -170,6 +170,14 @@ def make_drift(mode: str, renderer: Any) -> Any:
     return DeferredDrift(renderer)
 
 
+def tune_gc(enabled: bool) -> None:
+    """Start-up is over: apply the collector policy (`gc_tune`, agentrl/cli/gc_policy.py)."""
+    if enabled:
+        from agentrl.cli.gc_policy import tune
+
+        log.info("gc: %s", tune())
+
+
 def make_scorer(specs: list[RewardSpec], env: Env, tasks: list[Task] | None = None) -> Scorer:
     """The run's reward: `specs` weighted; sources that need the task's prompt get it from `env` (by task id)."""
     by_id = {t.id: t for t in (tasks if tasks is not None else env.tasks())}
@@ -185,7 +193,8 @@ def make_scorer(specs: list[RewardSpec], env: Env, tasks: list[Task] | None = No
 
 def _config_hash(cfg: RolloutConfig) -> str:
     """What was run, not where it was written: two runs of one config into two files hash the same."""
-    skip = {"out", "resume", "summary_json", "drift_check"}  # drift_check is monitoring: the trajectories are the same
+    # drift_check is monitoring and gc_tune the collector's schedule: the trajectories are the same
+    skip = {"out", "resume", "summary_json", "drift_check", "gc_tune"}
     return hashlib.sha256(cfg.model_dump_json(exclude=skip).encode()).hexdigest()[:16]
 
 
@@ -231,6 +240,7 @@ async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: An
                       context_window=context_window, tool_timeout_s=cfg.budgets.tool_timeout_s)
     renderer = _renderer(env, tokenizer)
     drift = make_drift(cfg.drift_check, renderer)
+    tune_gc(cfg.gc_tune)
     rollout = Rollout(env=env, engine=engine, renderer=renderer, sampling=sampling, budgets=budgets,
                       drift_check=cfg.drift_check, drift_worker=drift)
     spec = spec_for_env(cfg.sandbox.spec.model_copy(update={"default_timeout_s": cfg.budgets.tool_timeout_s}), env)

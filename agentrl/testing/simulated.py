@@ -8,7 +8,10 @@ from seeded distributions:
                       tokenizer, chosen by a hash of the input, so a run is reproducible); time per call =
                       prefill of the uncached tokens + output tokens x decode step, where the decode step grows with
                       the number of generate calls in flight (`decode_s * (1 + active / batch_knee)`); a per-session
-                      prefix cache (the previous call's ids) makes a turn prefill only its new tokens. Weight
+                      prefix cache (the previous call's ids) makes a turn prefill only its new tokens. With
+                      `prefill_tokens_per_s` set, prefills share one engine-wide throughput, first come first
+                      served (a chunked-prefill engine): 2,000 prompts arriving together finish their prefills one
+                      after another instead of all at the same instant. Weight
                       versions and updates behave like an engine's (`update_weights` tags later generations).
     SimulatedPool     `lease()` gives a SimulatedSandbox; bounded by `max_sandboxes`; counts leases, releases and
                       deaths. `death_cause()` reports killed sandboxes as "deleted" (an external cause), so the
@@ -53,6 +56,7 @@ class SimulatedEngine:
     prefill_s: float = 0.00005  # per uncached input token
     batch_knee: float = 256.0  # the decode step doubles at this many calls in flight
     context_window: int = 8192
+    prefill_tokens_per_s: float | None = None  # None: each prefill alone at prefill_s per token (no queue)
     name: ClassVar[str] = "simulated"
     weight_version: int = 0
     active: int = 0
@@ -61,6 +65,7 @@ class SimulatedEngine:
     input_tokens: int = 0
     _reply_ids: list[list[int]] = field(default_factory=list)
     _cache: dict[str, int] = field(default_factory=dict)
+    _prefill_free_at: float = 0.0  # loop time at which the shared prefill queue is empty
 
     def __post_init__(self) -> None:
         eos = self.tokenizer.eos_token_id
@@ -78,10 +83,15 @@ class SimulatedEngine:
         if len(ids) > sampling.max_new_tokens:
             ids, finish = ids[: sampling.max_new_tokens], "length"
         cached = min(self._cache.get(session_id, 0), len(input_ids))
+        prefill_s = (len(input_ids) - cached) * self.prefill_s
+        if self.prefill_tokens_per_s:
+            now = asyncio.get_running_loop().time()
+            self._prefill_free_at = max(now, self._prefill_free_at) + (len(input_ids) - cached) / self.prefill_tokens_per_s
+            prefill_s = self._prefill_free_at - now
         self.active += 1
         self.calls += 1
         try:
-            await asyncio.sleep((len(input_ids) - cached) * self.prefill_s + len(ids) * self.step_s())
+            await asyncio.sleep(prefill_s + len(ids) * self.step_s())
         finally:
             self.active -= 1
         self._cache[session_id] = len(input_ids) + len(ids)

@@ -123,6 +123,7 @@ class TrainConfig(_Config):
     pipeline: PipelineOptions = Field(default_factory=PipelineOptions)
     rollout: RolloutOptions = Field(default_factory=RolloutOptions)
     drift_check: Literal["deferred", "inline", "off"] = "inline"  # see RolloutConfig.drift_check
+    gc_tune: bool = True  # see RolloutConfig.gc_tune
     # -- rollouts (the same pieces as `agentrl rollout`)
     sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(temperature=1.0))
     budgets: BudgetConfig = Field(default_factory=BudgetConfig)
@@ -220,7 +221,7 @@ class TrainConfig(_Config):
             max_trajectories=self.max_trajectories, infra_retries=self.infra_retries, sampling=self.sampling,
             max_unscored_frac=self.max_unscored_frac, unscored_min_trajectories=self.unscored_min_trajectories,
             budgets=self.budgets, engine=self.engine.model_copy(update={"model": self.model}), sandbox=self.sandbox,
-            reward=self.reward, drift_check=self.drift_check,
+            reward=self.reward, drift_check=self.drift_check, gc_tune=self.gc_tune,
         )
 
     def training_sampling(self, eos_token_ids: list[int]) -> SamplingParams:

@@ -53,7 +53,8 @@ log = logging.getLogger("agentrl.trainer")
 
 # fields a resume may change: they do not change what is trained
 RESUMABLE_CHANGES = frozenset({"steps", "eval_every", "eval", "checkpoint_every", "keep_checkpoints",
-                               "max_trajectories", "sandbox", "output_dir", "snapshot", "drift_check"})
+                               "max_trajectories", "sandbox", "output_dir", "snapshot", "drift_check",
+                               "gc_tune"})
 
 
 @dataclass

@@ -1,0 +1,71 @@
+"""The collector policy: what `tune()` changes, what `GcMonitor` reports, and that the CLI roots apply it."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from agentrl.cli.gc_policy import GcMonitor, tune
+
+
+@pytest.fixture
+def restore_gc():
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+def test_tune_freezes_what_is_alive_and_raises_only_gen0(restore_gc: None) -> None:
+    before = gc.get_threshold()
+    keep = [[i] for i in range(1000)]  # alive at tune time: frozen, never scanned by a collection again
+    done = tune(12_345)
+    assert gc.get_threshold() == (12_345, before[1], before[2])
+    assert done["frozen_objects"] == gc.get_freeze_count() >= 1000
+    assert not any(obj is keep[0] for obj in gc.get_objects())  # the frozen generation is not in any scanned one
+    with pytest.raises(ValueError, match="gen0"):
+        tune(0)
+
+
+def test_cycles_made_after_tune_are_still_collected(restore_gc: None) -> None:
+    import weakref
+
+    tune(10)
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    ref = weakref.ref(a)
+    del a, b
+    for _ in range(3):
+        gc.collect(0)  # a young collection frees the cycle (no full collection needed)
+    assert ref() is None
+
+
+def test_monitor_counts_collections_and_pauses() -> None:
+    with GcMonitor() as mon:
+        gc.collect()
+        gc.collect(0)
+    after = mon.collections[:]
+    gc.collect()  # uninstalled: not counted
+    assert after[2] >= 1 and after[0] >= 1 and mon.collections == after
+    s = mon.summary()
+    assert s["gc_collections"] == after and s["gc_s"] >= 0 and s["gc_full_max_pause_ms"] >= 0
+
+
+def test_cli_roots_apply_the_policy_unless_turned_off(restore_gc: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentrl.cli import wiring
+    from agentrl.config import RolloutConfig
+    from agentrl.trainer.config import TrainConfig
+
+    assert RolloutConfig(env="code_tests").gc_tune is True
+    assert TrainConfig.model_fields["gc_tune"].default is True
+    calls: list[int] = []
+    monkeypatch.setattr("agentrl.cli.gc_policy.tune", lambda: calls.append(1) or {})
+    wiring.tune_gc(False)
+    assert calls == []
+    wiring.tune_gc(True)
+    assert calls == [1]
