@@ -89,6 +89,18 @@ async def lag_probe(samples: list[float], rss: list[int], stop: asyncio.Event, p
             rss.append(rss_bytes())
 
 
+async def probe_cpu_s_per_s(seconds: float = 2.0) -> float:
+    """CPU seconds per second the lag probe costs on an otherwise idle loop (subtracted from the runner's CPU: the
+    instrument is not the runner)."""
+    stop = asyncio.Event()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    probe = asyncio.create_task(lag_probe([], [], stop))
+    await asyncio.sleep(seconds)
+    stop.set()
+    await probe
+    return (time.process_time() - cpu0) / (time.perf_counter() - t0)
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
@@ -96,6 +108,7 @@ def pct(xs: list[float], q: float) -> float:
 
 async def one_size(tok: Any, n: int, turns: int, out_dir: Path, drift: str, workload: str = "stress"
                    ) -> dict[str, Any]:
+    probe_cpu = await probe_cpu_s_per_s()
     worker = DeferredDrift(ChatRenderer(tok, SimulatedEnv.tools)) if drift == "deferred" else None
     worker_cpu0 = await worker.worker_cpu_s() if worker else 0.0  # started (and its renderer built) before timing
     w = WORKLOADS[workload]
@@ -133,7 +146,8 @@ async def one_size(tok: Any, n: int, turns: int, out_dir: Path, drift: str, work
             "loop_lag_p50_ms": round(pct(lags, 0.5) * 1e3, 2), "loop_lag_p99_ms": round(pct(lags, 0.99) * 1e3, 2),
             "loop_lag_p999_ms": round(pct(lags, 0.999) * 1e3, 2), "loop_lag_max_ms": round(max(lags, default=0) * 1e3, 2),
             **gc_mon.summary(),
-            "cpu_ms_per_tool_call": round(cpu / calls * 1e3, 3),
+            "cpu_ms_per_tool_call": round((cpu - probe_cpu * wall) / calls * 1e3, 3),
+            "probe_cpu_ms_per_tool_call": round(probe_cpu * wall / calls * 1e3, 3),
             "worker_cpu_ms_per_tool_call": round(worker_cpu / calls * 1e3, 3),
             "drift_check": drift, "drift_check_errors": sched.progress.drift_check_errors,
             "mem_kib_per_trajectory": round(peak / max(stored, 1) / 1024, 1),
