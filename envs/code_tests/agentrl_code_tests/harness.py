@@ -551,13 +551,36 @@ def _on_alarm(signum, frame):
 
 
 def run_test(spawner, codes, entry_point, test, timeout):
-    """One test: a fresh solution process, the test evaluated here on the values it returns. (passed, message)."""
+    """One test: a fresh solution process, the test evaluated here on the values it returns. (passed, message).
+
+    The alarm is one-shot and may fire anywhere until it is disarmed, also after the test already stopped on the
+    same deadline (the solution process's own read deadline) and while its verdict is being formed: that is a
+    timeout too, never an exception out of the harness (which would lose every test's report)."""
     deadline = time.monotonic() + timeout
     spawned = spawner.spawn() if spawner.alive else None
     if spawned is None:
         return False, "not run: the solution killed the harness's process spawner in an earlier test"
     proc = SolutionProcess(spawned[0], spawned[1], spawned[2], deadline)
     signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        return _run_test_body(proc, codes, entry_point, test, timeout)
+    except TestTimeout:
+        return False, "timed out after " + format(timeout, "g") + "s"
+    finally:
+        _disarm_alarm()
+        proc.close()
+
+
+def _disarm_alarm():
+    while True:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            return
+        except TestTimeout:  # it fired just before being disarmed: the test is over either way
+            continue
+
+
+def _run_test_body(proc, codes, entry_point, test, timeout):
     try:
         load_error = proc.wait_ready()
         if load_error is not None:
@@ -575,9 +598,6 @@ def run_test(spawner, codes, entry_point, test, timeout):
         return False, _short(str(exc))
     except BaseException as exc:  # noqa: BLE001 - the assertion failed or the test raised on the values
         return False, _describe(exc)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        proc.close()
 
 
 def _stub(proc, entry_point):
