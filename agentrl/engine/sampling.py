@@ -19,19 +19,19 @@ def sample(
 
     The logprob is log_softmax(logits / T) at the chosen token, before top-p/top-k filtering (T = 1 for greedy rows,
     which take the argmax). Sampled rows draw from the filtered distribution with their own generator. Rows without
-    top-p/top-k (plain temperature, the RL default) are drawn together in one batched softmax / cumsum / search: the
-    same numbers per row as `_sample_row` (row-wise kernels; one uniform per row from its own generator, in row
-    order), without a Python-level pass over the vocabulary per row, which made a decode step grow with the batch.
+    top-p/top-k (plain temperature, the RL default) are drawn together, a few rows per softmax / cumsum / search
+    (`_draw_rows`): the same numbers per row as `_sample_row` (row-wise kernels; one uniform per row from its own
+    generator, in row order), without one pass over the vocabulary per row.
     """
     logits = logits.float()
     temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=logits.device)
     scaled = logits / temps[:, None]
     tokens = scaled.argmax(dim=-1)
     plain = [i for i, p in enumerate(params) if not p.greedy and p.top_k == 0 and p.top_p >= 1.0]
-    if len(plain) > 1:
+    batched = set(plain) if len(plain) > 1 else set()  # a single row takes the row path
+    if batched:
         index = torch.tensor(plain, device=logits.device)
         tokens[index] = _draw_rows(scaled[index], [generators[i] for i in plain])
-    batched = set(plain) if len(plain) > 1 else set()
     for i, (p, generator) in enumerate(zip(params, generators)):
         if not p.greedy and i not in batched:
             tokens[i] = _sample_row(scaled[i], p, generator)

@@ -83,10 +83,11 @@ class SimulatedEngine:
         if len(ids) > sampling.max_new_tokens:
             ids, finish = ids[: sampling.max_new_tokens], "length"
         cached = min(self._cache.get(session_id, 0), len(input_ids))
-        prefill_s = (len(input_ids) - cached) * self.prefill_s
-        if self.prefill_tokens_per_s:
+        new_tokens = len(input_ids) - cached
+        prefill_s = new_tokens * self.prefill_s
+        if self.prefill_tokens_per_s:  # queue behind the prefills already admitted
             now = asyncio.get_running_loop().time()
-            self._prefill_free_at = max(now, self._prefill_free_at) + (len(input_ids) - cached) / self.prefill_tokens_per_s
+            self._prefill_free_at = max(now, self._prefill_free_at) + new_tokens / self.prefill_tokens_per_s
             prefill_s = self._prefill_free_at - now
         self.active += 1
         self.calls += 1

@@ -28,9 +28,9 @@ async def test_prefills_share_one_throughput_when_set(smollm2_tokenizer: Any) ->
     assert times[-1] - times[0] < 0.02  # no queue: all ten finish together
     queued = SimulatedEngine(tok, number_replies(), decode_s=0.0, prefill_tokens_per_s=100_000)
     times = await _finish_times(queued, 10, 1000)  # 10 ms of prefill each, first come first served
-    gaps = [b - a for a, b in zip(times, times[1:])]
-    assert all(0.005 < g < 0.03 for g in gaps), gaps
-    assert 0.09 <= times[-1] < 0.3
+    # a sleep never ends early, so the k-th finish is at >= 10 ms x k however loaded the machine is
+    assert all(t >= 0.01 * (k + 1) - 1e-3 for k, t in enumerate(times)), times
+    assert times[-1] < 1.0
 
 
 async def test_a_sessions_next_turn_prefills_only_new_tokens(smollm2_tokenizer: Any) -> None:

@@ -565,10 +565,14 @@ def run_test(spawner, codes, entry_point, test, timeout):
     try:
         return _run_test_body(proc, codes, entry_point, test, timeout)
     except TestTimeout:
-        return False, "timed out after " + format(timeout, "g") + "s"
+        return False, _timed_out(timeout)
     finally:
         _disarm_alarm()
         proc.close()
+
+
+def _timed_out(timeout):
+    return "timed out after " + format(timeout, "g") + "s"
 
 
 def _disarm_alarm():
@@ -593,7 +597,7 @@ def _run_test_body(proc, codes, entry_point, test, timeout):
         exec(test, ns)
         return True, ""
     except TestTimeout:
-        return False, "timed out after " + format(timeout, "g") + "s"
+        return False, _timed_out(timeout)
     except TestFailed as exc:
         return False, _short(str(exc))
     except BaseException as exc:  # noqa: BLE001 - the assertion failed or the test raised on the values
