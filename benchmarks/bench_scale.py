@@ -1,7 +1,8 @@
 """Many trajectories in flight: the real runner, scheduler, renderer, pipeline and store over the simulated engine and
 sandbox pool (agentrl.testing.simulated). Reports, per size (concurrent trajectories): event-loop lag p50/p99 (a
 10 ms ticker's lateness), runner CPU per tool call (process CPU time / tool calls: everything that is not the
-simulated sleeps), memory per in-flight trajectory (peak RSS growth / trajectories), store write throughput, and
+simulated sleeps; and the same net of the CPU spent inside the event loop's waits, i.e. the cost of idling and
+waking the thread, which dominates when events arrive one at a time: see WaitMeter), memory per in-flight trajectory (peak RSS growth / trajectories), store write throughput, and
 the over-sampling cut on a heavy tail (seconds per step with and without `oversample`).
 
 `--drift-check` picks where the per-turn drift check runs (deferred: in a worker process after the last turn, whose
@@ -20,6 +21,7 @@ defaults (default); each size reports what the collector cost (collections, seco
 
     PYTHONPATH=. python benchmarks/bench_scale.py --sizes 100 500 2000 --turns 8
     PYTHONPATH=. python benchmarks/bench_scale.py --workload seed --sizes 2000 --turns 8 --steps 0
+    PYTHONPATH=. python benchmarks/bench_scale.py --event-density 2000
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import argparse
 import asyncio
 import json
 import os
+import random
+import selectors
 import sys
 import tempfile
 import time
@@ -72,6 +76,30 @@ def build(tok: Any, n: int, turns: int, *, exec_p50_s: float, death_p: float, gr
     return Scheduler(rollout, pool, cfg), engine, pool, env
 
 
+class WaitMeter(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    """The event loop's selector, metered: how many times the loop waited for an event (a select with a timeout
+    other than 0) and the CPU time spent inside those waits. That CPU is the kernel's cost of putting the thread to
+    sleep and waking it (on this VM 25-40 us per wake-up, measured by a bare `asyncio.sleep` loop), paid once per
+    event when events arrive one at a time. It is charged to the process like the runner's work, but it is not
+    the runner's work: the same count of events costs it in any runner."""
+
+    waits = 0
+    cpu_s = 0.0
+
+    def select(self, timeout: float | None = None) -> Any:
+        if timeout is not None and timeout <= 0:
+            return super().select(timeout)
+        c = time.thread_time()
+        try:
+            return super().select(timeout)
+        finally:
+            self.waits += 1
+            self.cpu_s += time.thread_time() - c
+
+
+METER = WaitMeter()  # the selector of the loop main() runs on
+
+
 def rss_bytes() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -89,16 +117,17 @@ async def lag_probe(samples: list[float], rss: list[int], stop: asyncio.Event, p
             rss.append(rss_bytes())
 
 
-async def probe_cpu_s_per_s(seconds: float = 2.0) -> float:
+async def probe_cpu_s_per_s(seconds: float = 2.0) -> tuple[float, float]:
     """CPU seconds per second the lag probe costs on an otherwise idle loop (subtracted from the runner's CPU: the
-    instrument is not the runner)."""
+    instrument is not the runner): in all, and inside the loop's waits."""
     stop = asyncio.Event()
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    cpu0, t0, wait0 = time.process_time(), time.perf_counter(), METER.cpu_s
     probe = asyncio.create_task(lag_probe([], [], stop))
     await asyncio.sleep(seconds)
     stop.set()
     await probe
-    return (time.process_time() - cpu0) / (time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    return (time.process_time() - cpu0) / wall, (METER.cpu_s - wait0) / wall
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -108,7 +137,7 @@ def pct(xs: list[float], q: float) -> float:
 
 async def one_size(tok: Any, n: int, turns: int, out_dir: Path, drift: str, workload: str = "stress"
                    ) -> dict[str, Any]:
-    probe_cpu = await probe_cpu_s_per_s()
+    probe_cpu, probe_wait_cpu = await probe_cpu_s_per_s()
     worker = DeferredDrift(ChatRenderer(tok, SimulatedEnv.tools)) if drift == "deferred" else None
     worker_cpu0 = await worker.worker_cpu_s() if worker else 0.0  # started (and its renderer built) before timing
     w = WORKLOADS[workload]
@@ -121,7 +150,7 @@ async def one_size(tok: Any, n: int, turns: int, out_dir: Path, drift: str, work
     probe = asyncio.create_task(lag_probe(lags, rss, stop))
     store = TrajectoryStore(out_dir / f"scale-{n}.jsonl")
     store_s, stored = 0.0, 0
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    cpu0, t0, waits0, wait_cpu0 = time.process_time(), time.perf_counter(), METER.waits, METER.cpu_s
     in_flight_s = 0.0  # how long all n trajectories were running at once (before the first group was done)
     with GcMonitor() as gc_mon:
         handles = [sched.submit(task) for task in env.tasks()]
@@ -133,6 +162,7 @@ async def one_size(tok: Any, n: int, turns: int, out_dir: Path, drift: str, work
             store_s += time.perf_counter() - ts
             stored += len(group)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    waits, wait_cpu = METER.waits - waits0, METER.cpu_s - wait_cpu0
     worker_cpu = await worker.worker_cpu_s() - worker_cpu0 if worker else 0.0
     if worker:
         await worker.aclose()
@@ -148,6 +178,11 @@ async def one_size(tok: Any, n: int, turns: int, out_dir: Path, drift: str, work
             "loop_lag_max_ms": round(max(lags, default=0) * 1e3, 2),
             **gc_mon.summary(),
             "cpu_ms_per_tool_call": round((cpu - probe_cpu * wall) / calls * 1e3, 3),
+            # the same, net of the CPU spent inside the loop's waits (going idle and waking: see WaitMeter)
+            "cpu_net_of_waits_ms_per_tool_call":
+                round((cpu - wait_cpu - (probe_cpu - probe_wait_cpu) * wall) / calls * 1e3, 3),
+            "loop_waits_per_tool_call": round(waits / calls, 2),
+            "wait_cpu_ms_per_tool_call": round(wait_cpu / calls * 1e3, 3),
             "probe_cpu_ms_per_tool_call": round(probe_cpu * wall / calls * 1e3, 3),
             "worker_cpu_ms_per_tool_call": round(worker_cpu / calls * 1e3, 3),
             "drift_check": drift, "drift_check_errors": sched.progress.drift_check_errors,
@@ -176,12 +211,49 @@ async def oversample_run(tok: Any, oversample: float, steps: int, batch: int) ->
             "sandboxes_alive_after": pool.alive}
 
 
+async def bare_wakeup_cpu_us(gap_s: float, n: int = 2000) -> float:
+    """CPU per wake-up of an event loop with nothing else to do, sleeping `gap_s` on average between wake-ups: what
+    idling and waking the thread costs on this machine (a floor no runner can go below, paid once per event when
+    events arrive one at a time)."""
+    rng = random.Random(0)
+    c0 = time.thread_time()
+    for _ in range(n):
+        await asyncio.sleep(gap_s * 2 * rng.random())
+    return (time.thread_time() - c0) / n * 1e6
+
+
+async def density_run(tok: Any, n: int, turns: int, exec_p50_s: float) -> float:
+    """Loop-thread CPU seconds for n trajectories x `turns` (drift check off, no probe, nothing stored)."""
+    sched, _, _, env = build(tok, n, turns, exec_p50_s=exec_p50_s, death_p=0.0, drift="off",
+                             engine_kw={"decode_s": exec_p50_s / 100, "batch_knee": 256})
+    c0 = time.thread_time()
+    await asyncio.gather(*(sched.submit(task) for task in env.tasks()))
+    return time.thread_time() - c0
+
+
+async def event_density(tok: Any, n: int) -> dict[str, Any]:
+    """The same runner work at three event densities: CPU per turn = (CPU at 8 turns - CPU at 1 turn) / 7 / n (the
+    per-trajectory start and end cancel out). Only the tool latency (and the decode step with it) differs, so what
+    changes is how many events each loop wake-up finds ready."""
+    out: dict[str, Any] = {"trajectories": n, "bare_wakeup_cpu_us": {}}
+    for gap in (0.0005, 0.002, 0.01):
+        out["bare_wakeup_cpu_us"][f"{gap * 1e3:g}ms"] = round(await bare_wakeup_cpu_us(gap), 1)
+    for p50 in (0.002, 0.2, 2.0):
+        one, eight = await density_run(tok, n, 1, p50), await density_run(tok, n, 8, p50)
+        out[f"tool_p50_{p50:g}s_cpu_us_per_turn"] = round((eight - one) / 7 / n * 1e6, 1)
+        print(out, file=sys.stderr)
+    return out
+
+
 async def main(args: argparse.Namespace) -> None:
     tok = tokenizer()
     out: dict[str, Any] = {"load_avg_before": os.getloadavg(), "sizes": {}, "oversample": [],
                            "drift_check": args.drift_check, "gc": args.gc, "workload": args.workload}
     if args.gc == "tuned":
         out["gc_tune"] = tune()  # what the CLI does once start-up is over
+    if args.event_density:
+        print(json.dumps({"gc": args.gc, **await event_density(tok, args.event_density)}, indent=1))
+        return
     with tempfile.TemporaryDirectory() as d:
         for n in args.sizes:
             out["sizes"][n] = await one_size(tok, n, args.turns, Path(d), args.drift_check, args.workload)
@@ -202,4 +274,8 @@ if __name__ == "__main__":
     p.add_argument("--drift-check", choices=["deferred", "inline", "off"], default="deferred")
     p.add_argument("--gc", choices=["tuned", "default"], default="tuned")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="stress")
-    asyncio.run(main(p.parse_args()))
+    p.add_argument("--event-density", type=int, default=0, metavar="N",
+                   help="instead: CPU per turn of N trajectories at three event densities, and a bare loop's "
+                        "CPU per wake-up")
+    with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(METER)) as runner:
+        runner.run(main(p.parse_args()))

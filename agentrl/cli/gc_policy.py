@@ -14,7 +14,9 @@ What `tune()` does, once start-up is over (model, tokenizer, env and renderer bu
   more young objects alive between collections (a few MB).
 
 `GcMonitor` times every collection (`gc.callbacks`) so a run can report what the collector cost: collections,
-total seconds and the longest pause per generation. Nothing here changes what a run computes.
+total seconds and the longest pause per generation. `process_monitor()` is the one the CLI roots install: training
+writes its per-step share to metrics.jsonl (`time_gc_s`, `time_gc_max_pause_s`), `agentrl rollout` prints it at the
+end. Nothing here changes what a run computes.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class GcMonitor:
     seconds: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     max_pause_s: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     _t0: float = 0.0
+    _window_s: float = 0.0  # since the last take()
+    _window_max_s: float = 0.0
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -56,6 +60,15 @@ class GcMonitor:
         self.collections[gen] += 1
         self.seconds[gen] += dt
         self.max_pause_s[gen] = max(self.max_pause_s[gen], dt)
+        self._window_s += dt
+        self._window_max_s = max(self._window_max_s, dt)
+
+    def take(self) -> dict[str, float]:
+        """Seconds in collections and the longest pause since the previous take() (or since installed), then
+        start a new window: one training step's share, as metrics.jsonl reports it."""
+        out = {"time_gc_s": round(self._window_s, 4), "time_gc_max_pause_s": round(self._window_max_s, 4)}
+        self._window_s = self._window_max_s = 0.0
+        return out
 
     def __enter__(self) -> GcMonitor:
         gc.callbacks.append(self._callback)
@@ -69,3 +82,15 @@ class GcMonitor:
         return {"gc_collections": list(self.collections), "gc_s": round(sum(self.seconds), 4),
                 "gc_max_pause_ms": round(max(self.max_pause_s) * 1e3, 2),
                 "gc_full_max_pause_ms": round(self.max_pause_s[2] * 1e3, 2)}
+
+
+_PROCESS_MONITOR: GcMonitor | None = None
+
+
+def process_monitor() -> GcMonitor:
+    """The process's monitor, installed on first use and kept until exit (gc.callbacks is process-wide: one is
+    enough however many runs a process starts)."""
+    global _PROCESS_MONITOR
+    if _PROCESS_MONITOR is None:
+        _PROCESS_MONITOR = GcMonitor().__enter__()
+    return _PROCESS_MONITOR

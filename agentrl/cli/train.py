@@ -136,12 +136,13 @@ def run_train(cfg: Any, *, resume: bool = False) -> Any:
     engine, tokenizer, model_path = make_engine_and_tokenizer(cfg.rollout_config())
     renderer = _renderer(env, tokenizer)
     drift = make_drift(cfg.drift_check, renderer)
-    tune_gc(cfg.gc_tune)
+    gc_monitor = tune_gc(cfg.gc_tune)
     try:
         parts = JobParts(env=env, tasks=tasks, engine=engine, tokenizer=tokenizer, model_path=model_path,
                          renderer=renderer, pool=_pool_for(cfg, env), eval_tasks=eval_tasks,
                          meta=_meta(cfg, model_path, engine), scorer=make_scorer(cfg.reward, env),
-                         snapshot_tasks=snapshot_tasks, drift_check=cfg.drift_check, drift_worker=drift)
+                         snapshot_tasks=snapshot_tasks, drift_check=cfg.drift_check, drift_worker=drift,
+                         gc_monitor=gc_monitor)
         return Job(cfg, parts, resume=resume, echo=lambda line: print(line, flush=True)).run()
     finally:
         if drift is not None:

@@ -20,6 +20,7 @@ from rich.console import Console
 
 import agentrl
 from agentrl.cli.display import ProgressDisplay, summary_table
+from agentrl.cli.gc_policy import GcMonitor
 from agentrl.config import RolloutConfig
 from agentrl.envs import Env, Task, get_env, lease_sandbox, spec_for_env
 from agentrl.errors import ConfigError
@@ -170,12 +171,14 @@ def make_drift(mode: str, renderer: Any) -> Any:
     return DeferredDrift(renderer)
 
 
-def tune_gc(enabled: bool) -> None:
-    """Start-up is over: apply the collector policy (`gc_tune`, agentrl/cli/gc_policy.py)."""
-    if enabled:
-        from agentrl.cli.gc_policy import tune
+def tune_gc(enabled: bool) -> Any:
+    """Start-up is over: apply the collector policy (`gc_tune`, agentrl/cli/gc_policy.py). Returns the process's
+    GcMonitor (installed whether or not the policy is on: the run reports what the collector cost either way)."""
+    from agentrl.cli.gc_policy import process_monitor, tune
 
+    if enabled:
         log.info("gc: %s", tune())
+    return process_monitor()
 
 
 def make_scorer(specs: list[RewardSpec], env: Env, tasks: list[Task] | None = None) -> Scorer:
@@ -219,19 +222,23 @@ async def run_rollout(cfg: RolloutConfig) -> int:
         try:
             if hasattr(engine, "connect"):  # a server engine: fail fast with a clear message if it is unreachable
                 await engine.connect()
-            await _run_groups(cfg, env, todo, engine, tokenizer, model_path, store, console)
+            gc_cost = await _run_groups(cfg, env, todo, engine, tokenizer, model_path, store, console)
         finally:
             await engine.close()
         all_trajs = read_trajectories(cfg.out)
         summary = summarize(all_trajs, wall_s=time.perf_counter() - t0)
+        summary["gc"] = gc_cost  # this process's collector cost (the trajectories above may span resumed runs)
     console.print(summary_table(summary))
+    console.print(f"gc: {gc_cost['gc_collections']} collections (gen 0/1/2), {gc_cost['gc_s']:.2f} s, longest pause "
+                  f"{gc_cost['gc_max_pause_ms']:.0f} ms")
     if cfg.summary_json:
         cfg.summary_json.write_text(json.dumps(summary, indent=2))
     return 0
 
 
 async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: Any, tokenizer: Any,
-                      model_path: Path, store: TrajectoryStore, console: Console) -> None:
+                      model_path: Path, store: TrajectoryStore, console: Console) -> dict[str, Any]:
+    """Run `todo` and store each group as it completes. Returns what the collector cost during the run."""
     context_window = cfg.budgets.context_window or engine.context_window
     sampling = cfg.sampling.model_copy(update={
         "seed": cfg.sampling.seed if cfg.sampling.seed is not None else cfg.seed,
@@ -256,13 +263,14 @@ async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: An
                   f"sandbox {backend}, out {cfg.out}")
     try:
         async with pool, scorer:
-            with ProgressDisplay(sched.progress, console) as display:
+            with ProgressDisplay(sched.progress, console) as display, GcMonitor() as gc_monitor:
                 async for group in sched.run(todo):
                     await asyncio.to_thread(store.append_group, group)  # write + fsync off the event loop
                     display.tick()
     finally:
         if drift is not None:
             await drift.aclose()
+    return gc_monitor.summary()
 
 
 # -- envs check -------------------------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ class JobParts:
     snapshot_tasks: list[Task] = field(default_factory=list)  # the fixed set of behaviour snapshots
     drift_check: str = "inline"  # the per-turn drift check's mode (RolloutConfig.drift_check)
     drift_worker: Any = None  # DeferredDrift for mode "deferred"; closed by the caller
+    gc_monitor: Any = None  # the process's GcMonitor (agentrl/cli/gc_policy.py): metrics.jsonl's time_gc_* columns
 
 
 @dataclass
@@ -207,7 +208,8 @@ class Job:
                                 echo=self.echo, eval_every=cfg.eval_every if parts.eval_tasks else 0,
                                 run_eval=lambda step: self._evaluate(loop, rollout_fn, step),
                                 snapshot_every=cfg.snapshot.every if parts.snapshot_tasks else 0,
-                                run_snapshot=lambda step: self._snapshot(loop, rollout_fn, step))
+                                run_snapshot=lambda step: self._snapshot(loop, rollout_fn, step),
+                                gc_monitor=parts.gc_monitor)
         if cfg.deterministic:  # before the policy is built: a LoRA adapter's initialisation draws from torch's RNG
             from transformers import enable_full_determinism
 

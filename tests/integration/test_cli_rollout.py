@@ -39,6 +39,9 @@ def test_rollout_writes_trajectories_and_summary(eos_prone_model: Path, tmp_path
     s = json.loads(summary.read_text())
     assert s["trajectories"] == 4 and "pass_at_1" in s and s["tokens_generated"] > 0
     assert "rollout summary" in r.stdout + r.stderr
+    # the CLI root installed a collector monitor and reports what the collector cost (gc_tune on: few collections)
+    assert len(s["gc"]["gc_collections"]) == 3 and s["gc"]["gc_s"] >= 0
+    assert "gc: [" in r.stdout + r.stderr
 
 
 def test_existing_out_needs_resume_and_nothing_is_lost(eos_prone_model: Path, tmp_path: Path) -> None:

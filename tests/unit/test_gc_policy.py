@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from agentrl.cli.gc_policy import GcMonitor, tune
+from agentrl.cli.gc_policy import GcMonitor, process_monitor, tune
 
 
 @pytest.fixture
@@ -65,7 +65,34 @@ def test_cli_roots_apply_the_policy_unless_turned_off(restore_gc: None, monkeypa
     assert TrainConfig.model_fields["gc_tune"].default is True
     calls: list[int] = []
     monkeypatch.setattr("agentrl.cli.gc_policy.tune", lambda: calls.append(1) or {})
-    wiring.tune_gc(False)
+    assert wiring.tune_gc(False) is process_monitor()  # measured even when the policy is off
     assert calls == []
-    wiring.tune_gc(True)
+    assert wiring.tune_gc(True) is process_monitor()
     assert calls == [1]
+    assert process_monitor()._callback in gc.callbacks
+
+
+def test_take_reports_each_window_once() -> None:
+    with GcMonitor() as mon:
+        gc.collect()
+        first = mon.take()
+        empty = mon.take()  # nothing collected since: a new window starts at zero
+        gc.collect()
+        gc.collect()
+        second = mon.take()
+    assert first["time_gc_s"] > 0 and first["time_gc_max_pause_s"] > 0
+    assert empty == {"time_gc_s": 0.0, "time_gc_max_pause_s": 0.0}
+    assert second["time_gc_s"] >= second["time_gc_max_pause_s"] > 0
+    assert mon.collections[2] == 3  # the totals are kept across windows
+
+
+def test_step_metrics_carry_the_collectors_share_as_timing() -> None:
+    from agentrl.trainer.metrics import METRIC_KEYS, is_timing, step_metrics
+
+    row = step_metrics(0, [], {"loss": 0.1}, rollout_s=1.0, train_s=2.0, sync_s=0.0,
+                       gc={"time_gc_s": 0.25, "time_gc_max_pause_s": 0.05})
+    assert (row["time_gc_s"], row["time_gc_max_pause_s"]) == (0.25, 0.05)
+    assert {"time_gc_s", "time_gc_max_pause_s"} <= set(METRIC_KEYS)
+    assert is_timing("time_gc_s") and is_timing("time_gc_max_pause_s")  # not compared between identical runs
+    bare = step_metrics(0, [], {"loss": 0.1}, rollout_s=1.0, train_s=2.0, sync_s=0.0)
+    assert bare["time_gc_s"] is None and bare["time_gc_max_pause_s"] is None
