@@ -267,6 +267,48 @@ def test_harness_isolates_hangs_crashes_and_exits(tmp_path: Path) -> None:
     assert res[2] == (False, "SystemExit: 0")
 
 
+class _OneShotSpawner:
+    """A stand-in for the harness's process spawner: a real child process (killed and reaped by close) and a pipe."""
+
+    alive = True
+
+    def spawn(self) -> tuple[int, int, int]:
+        import os
+
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        r, w = os.pipe()
+        return child.pid, w, r
+
+
+@pytest.mark.parametrize("body", ["hangs past the alarm", "returns, then a late alarm arrives"])
+def test_harness_alarm_is_a_timeout_while_armed_and_inert_after(body: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-shot SIGALRM may land anywhere: during the test it is that test's timeout; once the test is over
+    (even on the same deadline, even on entering a function) it must do nothing, never crash the harness and
+    lose every test's report (seen as a flaky test_a_hanging_solution_times_out_per_test_...)."""
+    import signal
+    import time
+
+    from agentrl_code_tests import harness
+
+    def hang(*args: object) -> tuple[bool, str]:
+        time.sleep(5)
+        return True, ""
+
+    monkeypatch.setattr(harness, "_run_test_body", hang if body.startswith("hangs") else lambda *a: (True, ""))
+    previous = signal.signal(signal.SIGALRM, harness._on_alarm)
+    try:
+        t0 = time.monotonic()
+        verdict = harness.run_test(_OneShotSpawner(), {}, "f", None, 0.2)
+        if body.startswith("hangs"):
+            assert verdict == (False, "timed out after 0.2s") and time.monotonic() - t0 < 4
+        else:
+            assert verdict == (True, "")
+            signal.raise_signal(signal.SIGALRM)  # the alarm of a test that is over: no exception
+        assert harness._ALARM["armed"] is False
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
 def test_harness_test_state_does_not_leak_between_tests(tmp_path: Path) -> None:
     solution = "SEEN = []\ndef f(x):\n    SEEN.append(x)\n    return len(SEEN) + x\n"
     assert run_harness_subprocess(solution, cwd=tmp_path) == [(True, ""), (True, ""), (True, "")]

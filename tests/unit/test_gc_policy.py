@@ -36,12 +36,16 @@ def test_cycles_made_after_tune_are_still_collected(restore_gc: None) -> None:
     class Node:
         pass
 
-    a, b = Node(), Node()
-    a.other, b.other = b, a
-    ref = weakref.ref(a)
-    del a, b
-    for _ in range(3):
-        gc.collect(0)  # a young collection frees the cycle (no full collection needed)
+    gc.disable()  # no automatic collection may promote the cycle to an older generation before it is garbage
+    try:
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        ref = weakref.ref(a)
+        del a, b
+        assert ref() is not None  # a cycle: reference counting alone does not free it
+        gc.collect(0)  # a young collection frees it: objects made after the freeze are in the young generation
+    finally:
+        gc.enable()
     assert ref() is None
 
 

@@ -546,42 +546,43 @@ def compile_test(name, test_code):
     return compile(ast.fix_missing_locations(tree), "<test " + name + ">", "exec")
 
 
+_ALARM = {"armed": False}  # a late one-shot alarm after the test is over must not raise anywhere
+
+
 def _on_alarm(signum, frame):
-    raise TestTimeout()
+    if _ALARM["armed"]:
+        raise TestTimeout()
 
 
 def run_test(spawner, codes, entry_point, test, timeout):
     """One test: a fresh solution process, the test evaluated here on the values it returns. (passed, message).
 
-    The alarm is one-shot and may fire anywhere until it is disarmed, also after the test already stopped on the
-    same deadline (the solution process's own read deadline) and while its verdict is being formed: that is a
-    timeout too, never an exception out of the harness (which would lose every test's report)."""
+    The alarm is one-shot and may fire at any bytecode until it is disarmed, also after the test already stopped
+    on the same deadline (the solution process's own read deadline), while its verdict is being formed, or on
+    entering a function: while armed that is a timeout, caught by the outer `except` wherever it lands, and once
+    disarmed (`_ALARM`) the handler does nothing. Never an exception out of the harness (which would lose every
+    test's report)."""
     deadline = time.monotonic() + timeout
     spawned = spawner.spawn() if spawner.alive else None
     if spawned is None:
         return False, "not run: the solution killed the harness's process spawner in an earlier test"
     proc = SolutionProcess(spawned[0], spawned[1], spawned[2], deadline)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        return _run_test_body(proc, codes, entry_point, test, timeout)
-    except TestTimeout:
+        try:
+            _ALARM["armed"] = True
+            signal.setitimer(signal.ITIMER_REAL, timeout)
+            return _run_test_body(proc, codes, entry_point, test, timeout)
+        finally:
+            _ALARM["armed"] = False  # an alarm before this line raised here and is caught below; after it, a no-op
+    except TestTimeout:  # one-shot: this was the alarm (or the read deadline), there is no second one
         return False, _timed_out(timeout)
     finally:
-        _disarm_alarm()
+        signal.setitimer(signal.ITIMER_REAL, 0)
         proc.close()
 
 
 def _timed_out(timeout):
     return "timed out after " + format(timeout, "g") + "s"
-
-
-def _disarm_alarm():
-    while True:
-        try:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            return
-        except TestTimeout:  # it fired just before being disarmed: the test is over either way
-            continue
 
 
 def _run_test_body(proc, codes, entry_point, test, timeout):
