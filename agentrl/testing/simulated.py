@@ -8,7 +8,9 @@ from seeded distributions:
                       tokenizer, chosen by a hash of the input, so a run is reproducible); time per call =
                       prefill of the uncached tokens + output tokens x decode step, where the decode step grows with
                       the number of generate calls in flight (`decode_s * (1 + active / batch_knee)`); a per-session
-                      prefix cache (the previous call's ids) makes a turn prefill only its new tokens. With
+                      prefix cache makes a turn prefill only its new tokens, with LocalEngine's rule (the previous
+                      call's input + output except its last sampled token; reuse = the common prefix, leaving at least
+                      one input token to compute; cleared by a weight update). With
                       `prefill_tokens_per_s` set, prefills share one engine-wide throughput, first come first
                       served (a chunked-prefill engine): 2,000 prompts arriving together finish their prefills one
                       after another instead of all at the same instant. Weight
@@ -64,7 +66,7 @@ class SimulatedEngine:
     cached_tokens: int = 0
     input_tokens: int = 0
     _reply_ids: list[list[int]] = field(default_factory=list)
-    _cache: dict[str, int] = field(default_factory=dict)
+    _cache: dict[str, list[int]] = field(default_factory=dict)  # session -> ids whose keys/values are kept
     _prefill_free_at: float = 0.0  # loop time at which the shared prefill queue is empty
 
     def __post_init__(self) -> None:
@@ -82,7 +84,7 @@ class SimulatedEngine:
         finish = "stop"
         if len(ids) > sampling.max_new_tokens:
             ids, finish = ids[: sampling.max_new_tokens], "length"
-        cached = min(self._cache.get(session_id, 0), len(input_ids))
+        cached = _reusable(self._cache.pop(session_id, None), input_ids)
         new_tokens = len(input_ids) - cached
         prefill_s = new_tokens * self.prefill_s
         if self.prefill_tokens_per_s:  # queue behind the prefills already admitted
@@ -95,7 +97,7 @@ class SimulatedEngine:
             await asyncio.sleep(prefill_s + len(ids) * self.step_s())
         finally:
             self.active -= 1
-        self._cache[session_id] = len(input_ids) + len(ids)
+        self._cache[session_id] = list(input_ids) + ids[:-1]  # the last sampled token was never fed back
         self.cached_tokens += cached
         self.input_tokens += len(input_ids)
         return Generation(output_ids=list(ids), logprobs=[-0.5] * len(ids), finish_reason=finish,
@@ -103,6 +105,9 @@ class SimulatedEngine:
 
     def end_session(self, session_id: str) -> None:
         self._cache.pop(session_id, None)
+
+    def info(self) -> dict[str, Any]:
+        return {"engine": self.name, "model": "simulated", "decode_s": self.decode_s, "batch_knee": self.batch_knee}
 
     async def update_weights(self, source: Any, version: int) -> None:
         self.weight_version = version
@@ -113,6 +118,17 @@ class SimulatedEngine:
 
     async def close(self) -> None:
         return None
+
+
+def _reusable(stored: list[int] | None, input_ids: list[int]) -> int:
+    """Leading input tokens a stored prefix covers (LocalEngine's PrefixCache.take): the common prefix, at most all
+    but the last input token (its logits give the first new token)."""
+    if not stored:
+        return 0
+    limit = min(len(stored), len(input_ids) - 1)
+    if stored[:limit] == input_ids[:limit]:  # the usual case (a turn extends the last one), compared in C
+        return max(limit, 0)
+    return next(i for i in range(limit) if stored[i] != input_ids[i])
 
 
 @dataclass
