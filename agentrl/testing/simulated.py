@@ -19,7 +19,9 @@ from seeded distributions:
                       deaths. `death_cause()` reports killed sandboxes as "deleted" (an external cause), so the
                       scheduler's attribution makes them infra errors and retries them.
     SimulatedSandbox  exec latency is lognormal (median `exec_p50_s`, sigma 1.5: p99/p50 ~ 33x), seeded per
-                      sandbox; with probability `death_p` a command kills the sandbox (SandboxDiedError).
+                      sandbox; with probability `death_p` a command kills the sandbox: SandboxDiedError with the facts
+                      a real local sandbox removed from outside during a command gives (in flight, POST /exec,
+                      cause "deleted"; tests/integration/test_simulated_pool_contract.py).
     SimulatedEnv      codeblock tasks: each ```python block runs once in the sandbox; finalize runs one command
                       and passes when the last block printed the task's number.
 """
@@ -143,8 +145,8 @@ class SimulatedSandbox:
     async def exec(self, cmd: str, timeout: float | None = None) -> Any:
         from agentrl.sandbox.base import ExecResult
 
-        if self.dead:
-            raise SandboxDiedError(f"simulated sandbox {self.index} is gone")
+        if self.dead:  # dead before the request: nothing was in flight (a real agent refuses the connection)
+            raise SandboxDiedError(f"simulated sandbox {self.index} is gone", request="POST /exec")
         dt = lognormal_s(self.rng, self.pool.exec_p50_s)
         if timeout is not None and dt > timeout:
             await asyncio.sleep(timeout)
@@ -154,7 +156,8 @@ class SimulatedSandbox:
         if self.rng.random() < self.pool.death_p:
             self.dead = True
             self.pool.deaths += 1
-            raise SandboxDiedError(f"simulated sandbox {self.index} died")
+            # removed from outside during the command: what a real agent's connection reports (see the contract test)
+            raise SandboxDiedError(f"simulated sandbox {self.index} died", in_flight=True, request="POST /exec")
         return ExecResult(exit_code=0, stdout=self.files.get("out", ""), stderr="", duration_s=dt)
 
     async def write_file(self, path: str, content: str) -> None:
