@@ -25,7 +25,7 @@ from agentrl.config import RolloutConfig
 from agentrl.envs import Env, Task, get_env, lease_sandbox, spec_for_env
 from agentrl.errors import ConfigError
 from agentrl.reward import RewardSpec, Scorer
-from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig, check_time_needs
+from agentrl.runner import Budgets, LoopLag, Rollout, Scheduler, SchedulerConfig, check_time_needs
 from agentrl.sandbox.base import SandboxSpec
 from agentrl.store import TrajectoryStore, read_trajectories, summarize
 from agentrl.types import TestReport
@@ -222,23 +222,28 @@ async def run_rollout(cfg: RolloutConfig) -> int:
         try:
             if hasattr(engine, "connect"):  # a server engine: fail fast with a clear message if it is unreachable
                 await engine.connect()
-            gc_cost = await _run_groups(cfg, env, todo, engine, tokenizer, model_path, store, console)
+            gc_cost, lag = await _run_groups(cfg, env, todo, engine, tokenizer, model_path, store, console)
         finally:
             await engine.close()
         all_trajs = read_trajectories(cfg.out)
         summary = summarize(all_trajs, wall_s=time.perf_counter() - t0)
         summary["gc"] = gc_cost  # this process's collector cost (the trajectories above may span resumed runs)
+        summary["loop_lag"] = lag  # how late the runner's event loop woke during this run
     console.print(summary_table(summary))
     console.print(f"gc: {gc_cost['gc_collections']} collections (gen 0/1/2), {gc_cost['gc_s']:.2f} s, longest pause "
                   f"{gc_cost['gc_max_pause_ms']:.0f} ms")
+    console.print(f"event loop lag: p50 {lag['p50_ms']:.1f} ms, p99 {lag['p99_ms']:.1f} ms, max {lag['max_ms']:.0f} ms "
+                  f"({lag['ticks']} ticks)")
     if cfg.summary_json:
         cfg.summary_json.write_text(json.dumps(summary, indent=2))
     return 0
 
 
 async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: Any, tokenizer: Any,
-                      model_path: Path, store: TrajectoryStore, console: Console) -> dict[str, Any]:
-    """Run `todo` and store each group as it completes. Returns what the collector cost during the run."""
+                      model_path: Path, store: TrajectoryStore, console: Console
+                      ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run `todo` and store each group as it completes. Returns what the collector cost during the run and how
+    late the event loop woke (agentrl.runner.LoopLag)."""
     context_window = cfg.budgets.context_window or engine.context_window
     sampling = cfg.sampling.model_copy(update={
         "seed": cfg.sampling.seed if cfg.sampling.seed is not None else cfg.seed,
@@ -261,6 +266,7 @@ async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: An
     sched = Scheduler(rollout, pool, SchedulerConfig.from_config(cfg), meta=meta, scorer=scorer)
     console.print(f"rollout: env {env.name}, {len(todo)} tasks x {cfg.group_size} samples, model {model_path.name}, "
                   f"sandbox {backend}, out {cfg.out}")
+    lag = await LoopLag().start()
     try:
         async with pool, scorer:
             with ProgressDisplay(sched.progress, console) as display, GcMonitor() as gc_monitor:
@@ -268,9 +274,10 @@ async def _run_groups(cfg: RolloutConfig, env: Env, todo: list[Task], engine: An
                     await asyncio.to_thread(store.append_group, group)  # write + fsync off the event loop
                     display.tick()
     finally:
+        await lag.stop()
         if drift is not None:
             await drift.aclose()
-    return gc_monitor.summary()
+    return gc_monitor.summary(), lag.summary()
 
 
 # -- envs check -------------------------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ class StepCallback(TrainerCallback):
     def __init__(self, rollout: AgentRollout, writer: MetricsWriter, *, total_steps: int,
                  echo: Callable[[str], None] = print, eval_every: int = 0,
                  run_eval: Callable[[int], None] | None = None, snapshot_every: int = 0,
-                 run_snapshot: Callable[[int], None] | None = None, gc_monitor: Any = None) -> None:
+                 run_snapshot: Callable[[int], None] | None = None, gc_monitor: Any = None,
+                 loop_lag: Any = None) -> None:
         self.rollout = rollout
         self.writer = writer
         self.total_steps = total_steps
@@ -39,6 +40,7 @@ class StepCallback(TrainerCallback):
         self.snapshotted: set[int] = set()
         self.rows: list[dict[str, Any]] = []
         self.gc_monitor = gc_monitor  # GcMonitor-like (`take()`: the collector's cost since the last call) or None
+        self.loop_lag = loop_lag  # agentrl.runner.LoopLag on the job's loop, or None
         self._t0 = 0.0
         self._t_end = 0.0
 
@@ -83,7 +85,8 @@ class StepCallback(TrainerCallback):
         train_s = max(0.0, self._t_end - self._t0 - done.rollout_s - sync_s)
         row = step_metrics(step, done.trajectories, logs, rollout_s=done.rollout_s, train_s=train_s,
                            sync_s=sync_s, reused=done.reused, engine_idle_s=done.engine_idle_s,
-                           pipeline=done.pipeline, gc=self.gc_monitor.take() if self.gc_monitor else None)
+                           pipeline=done.pipeline, gc=self.gc_monitor.take() if self.gc_monitor else None,
+                           lag=self.loop_lag.take() if self.loop_lag else None)
         self.writer.write(row)
         self.rows.append(row)
         self.echo(table_row(row))

@@ -34,7 +34,7 @@ import torch
 from agentrl.envs.base import Env, Task
 from agentrl.errors import ConfigError
 from agentrl.reward import Scorer
-from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig, check_time_needs
+from agentrl.runner import Budgets, LoopLag, Rollout, Scheduler, SchedulerConfig, check_time_needs
 from agentrl.store import TrajectoryStore
 from agentrl.trainer import eval as evaluation
 from agentrl.trainer import snapshots
@@ -169,12 +169,14 @@ class Job:
             pool_stack = contextlib.AsyncExitStack()
             loop.run(pool_stack.enter_async_context(self.parts.pool))
             stack.callback(lambda: loop.run(pool_stack.aclose()))
+            lag = loop.run(LoopLag().start())  # how late the runner's loop wakes, per step in metrics.jsonl
+            stack.callback(lambda: loop.run(lag.stop()))
             if self.parts.scorer is not None:  # its HTTP clients live on the job's loop
                 scorer = self.parts.scorer
                 stack.callback(lambda: loop.run(scorer.aclose()))
             store = stack.enter_context(TrajectoryStore(cfg.trajectories_path, resume=True))
             stack.callback(torch.use_deterministic_algorithms, torch.are_deterministic_algorithms_enabled())
-            callback = self._build(loop, store, state)  # deterministic: switches torch's deterministic mode on
+            callback = self._build(loop, store, state, lag)  # deterministic: switches torch's deterministic mode on
             assert self.rollout_fn is not None
             stack.callback(self.rollout_fn.close)  # before the pool closes: groups running ahead are cancelled
             self.trainer.train(resume_from_checkpoint=str(state.checkpoint) if state.checkpoint else None)
@@ -192,7 +194,8 @@ class Job:
                       f"dropped {state.dropped}" + (f", reusing the stored rollout of step {state.step}"
                                                     if state.reuse else ""))
 
-    def _build(self, loop: BackgroundLoop, store: TrajectoryStore, state: ResumeState) -> StepCallback:
+    def _build(self, loop: BackgroundLoop, store: TrajectoryStore, state: ResumeState,
+               lag: LoopLag | None = None) -> StepCallback:
         cfg, parts = self.cfg, self.parts
         meta = {**parts.meta, "sampling": self.sampling.model_dump(), "seed": cfg.seed}
         scheduler = Scheduler(self.rollout, parts.pool, self.sched_cfg, meta=meta, scorer=parts.scorer)
@@ -209,7 +212,7 @@ class Job:
                                 run_eval=lambda step: self._evaluate(loop, rollout_fn, step),
                                 snapshot_every=cfg.snapshot.every if parts.snapshot_tasks else 0,
                                 run_snapshot=lambda step: self._snapshot(loop, rollout_fn, step),
-                                gc_monitor=parts.gc_monitor)
+                                gc_monitor=parts.gc_monitor, loop_lag=lag)
         if cfg.deterministic:  # before the policy is built: a LoRA adapter's initialisation draws from torch's RNG
             from transformers import enable_full_determinism
 

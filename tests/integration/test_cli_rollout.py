@@ -42,6 +42,8 @@ def test_rollout_writes_trajectories_and_summary(eos_prone_model: Path, tmp_path
     # the CLI root installed a collector monitor and reports what the collector cost (gc_tune on: few collections)
     assert len(s["gc"]["gc_collections"]) == 3 and s["gc"]["gc_s"] >= 0
     assert "gc: [" in r.stdout + r.stderr
+    assert s["loop_lag"]["ticks"] > 0 and s["loop_lag"]["max_ms"] >= s["loop_lag"]["p99_ms"] >= 0
+    assert "event loop lag: p50" in r.stdout + r.stderr
 
 
 def test_existing_out_needs_resume_and_nothing_is_lost(eos_prone_model: Path, tmp_path: Path) -> None:

@@ -142,6 +142,7 @@ def test_outputs_metrics_and_checkpoints(two_steps: tuple[Path, Recorder]) -> No
         assert row["trajectories"] == 8 and row["time_rollout_s"] > 0 and row["loss"] is not None
         assert row["kl"] is None  # beta = 0: no reference model, no KL
         assert row["time_gc_s"] >= row["time_gc_max_pause_s"] >= 0  # the CLI root wired the collector monitor
+        assert row["time_loop_lag_max_s"] >= row["time_loop_lag_p99_s"] >= 0  # the job probes its runner's loop
     assert sorted(p.name for p in (out / "checkpoints").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     assert json.loads((out / "checkpoints" / "checkpoint-2" / "trainer_state.json").read_text())["global_step"] == 2
 

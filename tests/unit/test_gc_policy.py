@@ -100,3 +100,7 @@ def test_step_metrics_carry_the_collectors_share_as_timing() -> None:
     assert is_timing("time_gc_s") and is_timing("time_gc_max_pause_s")  # not compared between identical runs
     bare = step_metrics(0, [], {"loss": 0.1}, rollout_s=1.0, train_s=2.0, sync_s=0.0)
     assert bare["time_gc_s"] is None and bare["time_gc_max_pause_s"] is None
+    lagged = step_metrics(0, [], {"loss": 0.1}, rollout_s=1.0, train_s=2.0, sync_s=0.0,
+                          lag={"time_loop_lag_p99_s": 0.01, "time_loop_lag_max_s": 0.2})
+    assert (lagged["time_loop_lag_p99_s"], lagged["time_loop_lag_max_s"]) == (0.01, 0.2)
+    assert is_timing("time_loop_lag_p99_s") and {"time_loop_lag_p99_s", "time_loop_lag_max_s"} <= set(METRIC_KEYS)
