@@ -13,11 +13,11 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from local_sandbox_support import root_bwrap_problem, state_dir  # noqa: F401 (a fixture)
 
 from agentrl.errors import SandboxDiedError
 from agentrl.sandbox import SandboxFileError, SandboxPathError, SandboxPool, SandboxSpec
@@ -26,23 +26,8 @@ from agentrl.sandbox.local import LocalBackend
 from agentrl.testing import sandbox_attacks
 
 
-def _problem() -> str | None:
-    if shutil.which("bwrap") is None:
-        return "bubblewrap not installed (apt-get install -y bubblewrap)"
-    if os.geteuid() != 0:
-        return "uid separation of local sandboxes needs the host side to run as root"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_problem() is not None, reason=_problem() or "")
+pytestmark = pytest.mark.skipif(root_bwrap_problem() is not None, reason=root_bwrap_problem() or "")
 SPEC = SandboxSpec(memory="256m", pids=128, disk="128m", default_timeout_s=20)
-
-
-@pytest.fixture
-def state_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="agrl-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -13,12 +13,11 @@ import json
 import os
 import shutil
 import signal
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from local_sandbox_support import root_bwrap_problem, state_dir  # noqa: F401 (a fixture)
 
 from agentrl.errors import SandboxDiedError
 from agentrl.runner.attribution import DeathFacts, Stage, classify
@@ -28,22 +27,7 @@ from agentrl.testing.simulated import SimulatedPool
 from agentrl.types import Status
 
 
-def _problem() -> str | None:
-    if shutil.which("bwrap") is None:
-        return "bubblewrap not installed (apt-get install -y bubblewrap)"
-    if os.geteuid() != 0:
-        return "uid separation of local sandboxes needs the host side to run as root"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_problem() is not None, reason=_problem() or "")
-
-
-@pytest.fixture
-def state_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="agrl-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+pytestmark = pytest.mark.skipif(root_bwrap_problem() is not None, reason=root_bwrap_problem() or "")
 
 
 def _sweep(state_dir: Path, sid: str) -> None:
