@@ -1,12 +1,16 @@
 """The debugging commands: `agentrl replay`, `agentrl rescore`, `agentrl view`, `agentrl stats`.
 
-    agentrl replay FILE [--id ID] [--task TASK] [--step N] [--reexecute [--sandbox local|docker]] [--max-chars N]
-    agentrl rescore FILE [--reward CONFIG.yaml] [--env NAME] [--rerun-tests [--sandbox ...]] [--out FILE] [--all]
+    agentrl replay FILE|RUN_DIR [--id ID] [--task TASK] [--step N] [--reexecute [--sandbox local|docker]] [--max-chars N]
+    agentrl rescore FILE|RUN_DIR [--reward CONFIG.yaml] [--env NAME] [--rerun-tests [--sandbox ...]] [--out FILE] [--all]
     agentrl view FILE|RUN_DIR -o report.html [--max-chars N] [--title TEXT]
-    agentrl stats FILE [--json OUT]
+    agentrl stats FILE|RUN_DIR [--json OUT]
+
+FILE is a trajectory JSONL; RUN_DIR a directory a run wrote, read through its `trajectories.jsonl`
+(`agentrl.cli.paths`).
 
 Every command reads the file tolerantly: each unreadable line (corrupt, truncated, schema from the future) is
-printed to stderr naming its line, counted, and skipped; the rest is read. A missing file is an error (exit 2).
+printed to stderr naming its line, counted, and skipped; the rest is read. A missing file, or a directory without
+`trajectories.jsonl`, is an error naming the path (exit 2).
 Exit codes: 0 ok; 1 `replay --reexecute` found a differing call (or a replay failed) / `rescore` found a differing
 reward (or could not re-run a trajectory's tests); 2 error.
 
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 MAX_PRINTED_LINE_ERRORS = 20
+FILE_HELP = "trajectory JSONL, or a run directory (its trajectories.jsonl)"
 
 
 def add_replay_commands(sub: Any) -> None:
@@ -38,7 +43,7 @@ def add_replay_commands(sub: Any) -> None:
                    help="trim each long text to about N characters (halved until the page fits 45 MB; 0: never trim)")
     v.set_defaults(func=_cmd_view)
     s = sub.add_parser("stats", help="the run's metrics table (same numbers as the rollout summary), per step")
-    s.add_argument("file", type=Path)
+    s.add_argument("file", type=Path, help=FILE_HELP)
     s.add_argument("--json", type=Path, help="also write the metrics as JSON here (for dashboards)")
     s.set_defaults(func=_cmd_stats)
 
@@ -52,7 +57,7 @@ def _add_sandbox_args(p: argparse.ArgumentParser) -> None:
 
 def _add_replay(sub: Any) -> None:
     p = sub.add_parser("replay", help="show stored trajectories turn by turn; --reexecute replays their tool calls")
-    p.add_argument("file", type=Path)
+    p.add_argument("file", type=Path, help=FILE_HELP)
     p.add_argument("--id", dest="traj_id", help="trajectory id (or a unique prefix of one)")
     p.add_argument("--task", help="every trajectory of this task id")
     p.add_argument("--step", type=int, help="every trajectory of this training step")
@@ -65,7 +70,7 @@ def _add_replay(sub: Any) -> None:
 
 def _add_rescore(sub: Any) -> None:
     p = sub.add_parser("rescore", help="recompute rewards from stored test reports (or re-run the tests)")
-    p.add_argument("file", type=Path)
+    p.add_argument("file", type=Path, help=FILE_HELP)
     p.add_argument("--reward", type=Path, metavar="CONFIG",
                    help="YAML with the reward sources (a list, or a rollout/train config's `reward:`); default: the "
                         "config each trajectory records (meta.reward), else unit_tests")
@@ -80,10 +85,13 @@ def _add_rescore(sub: Any) -> None:
 
 # -- shared -------------------------------------------------------------------------------------------------------
 
-def _load(path: Path) -> Any:
-    """Read `path`; print each unreadable line to stderr (the first few) and how many there were."""
+def _load(given: Path) -> Any:
+    """Read the trajectory file `given` names (a file or a run dir); print each unreadable line to stderr (the first
+    few) and how many there were."""
+    from agentrl.cli.paths import trajectory_file
     from agentrl.replay import load
 
+    path = trajectory_file(given)
     loaded = load(path)
     for err in loaded.errors[:MAX_PRINTED_LINE_ERRORS]:
         print(f"warning: skipped {err}", file=sys.stderr)
@@ -237,13 +245,11 @@ def _cmd_view(a: argparse.Namespace) -> int:
     from agentrl.view.snapshots import load_run_snapshots
 
     snaps = None
-    path = a.file
-    if path.is_dir():
-        snaps = load_run_snapshots(path)
-        path = path / "trajectories.jsonl"
+    loaded = _load(a.file)
+    if a.file.is_dir():
+        snaps = load_run_snapshots(a.file)
         for err in snaps.errors[:MAX_PRINTED_LINE_ERRORS]:
             print(f"warning: {err}", file=sys.stderr)
-    loaded = _load(path)
     info = write_report(a.out, loaded.trajectories, title=a.title or f"agentrl trajectories: {a.file.name}",
                         errors=loaded.errors, max_chars=a.max_chars, snapshots=snaps)
     trimmed = f"; texts trimmed to {info.max_chars} characters to fit" if info.max_chars < a.max_chars else ""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import ConfigError
+from agentrl.cli.paths import metrics_file, trajectory_file
 from agentrl.trainer.metrics import is_timing
 from agentrl.types import Trajectory
 
@@ -68,15 +68,7 @@ class Report:
 
 def _paths(run: Path) -> tuple[Path, Path | None]:
     """(trajectory file, metrics file or None) of a file or run dir."""
-    if run.is_dir():
-        traj = run / "trajectories.jsonl"
-        if not traj.is_file():
-            raise ConfigError(f"{run} is a directory without trajectories.jsonl: pass a trajectory file or a run dir")
-        metrics = run / "metrics.jsonl"
-        return traj, metrics if metrics.is_file() else None
-    if not run.is_file():
-        raise ConfigError(f"{run} does not exist: pass a trajectory file (JSONL) or a run dir")
-    return run, None
+    return trajectory_file(run), metrics_file(run)
 
 
 def keyed(trajectories: list[Trajectory]) -> dict[Key, Trajectory]:
