@@ -1,7 +1,8 @@
-"""Terminal output: the live progress line of a rollout and the summary table (rich)."""
+"""Terminal output: the live progress line (a heartbeat in logs) of a rollout and the summary table (rich)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -14,34 +15,53 @@ from agentrl.runner import Progress
 
 def progress_line(p: Progress) -> str:
     elapsed = time.perf_counter() - p.started
-    return (f"trajectories {p.trajectories_done}/{p.trajectories_total}  turns {p.turns}  tool calls {p.tool_calls}"
-            f"  tokens {p.tokens} ({p.tokens_per_s():.1f}/s)  infra errors {p.infra_errors}  policy errors {p.policy_errors}  {elapsed:.0f}s")
+    turns, tokens, tool_calls = p.live()
+    return (f"trajectories {p.trajectories_done}/{p.trajectories_total} ({len(p.in_flight)} in flight)  turns {turns}"
+            f"  tool calls {tool_calls}  tokens {tokens} ({tokens / max(elapsed, 1e-9):.1f}/s)"
+            f"  infra errors {p.infra_errors}  policy errors {p.policy_errors}  {elapsed:.0f}s")
 
 
 class ProgressDisplay:
-    """Refreshes one status line while a rollout runs; prints plain lines when not on a terminal (CI logs)."""
+    """The live progress of a rollout, from the scheduler's `Progress` (in-flight trajectories included): on a
+    terminal one status line redrawn twice a second; elsewhere (CI logs, pipes) a heartbeat line every `every_s`
+    seconds whether or not anything finished, so long work is never silent. Enter it inside the running event loop
+    (the heartbeat is a task on it, cancelled on exit, which prints the final line)."""
 
     def __init__(self, progress: Progress, console: Console | None = None, every_s: float = 10.0) -> None:
         self.p = progress
         self.console = console or Console(stderr=True)
         self.every_s = every_s
         self._live: Live | None = None
-        self._last = 0.0
+        self._beat: asyncio.Task[None] | None = None
 
     def __enter__(self) -> "ProgressDisplay":
         if self.console.is_terminal:
-            self._live = Live(progress_line(self.p), console=self.console, refresh_per_second=2,
-                              get_renderable=lambda: progress_line(self.p))
+            self._live = Live(progress_line(self.p), console=self.console, refresh_per_second=2)
             self._live.__enter__()
+        self._beat = asyncio.get_running_loop().create_task(self._heartbeat(), name="agentrl-progress")
         return self
 
-    def tick(self) -> None:
-        if self._live is None and time.perf_counter() - self._last >= self.every_s:
-            self._last = time.perf_counter()
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(0.5 if self._live is not None else self.every_s)
+            self._show()
+
+    def _show(self) -> None:
+        if self._live is not None:
+            self._live.update(progress_line(self.p))
+        else:
             self.console.print(progress_line(self.p), soft_wrap=True)
 
-    def __exit__(self, *exc: Any) -> None:
+    def tick(self) -> None:
+        """A group finished: redraw now on a terminal (the heartbeat keeps its own pace in logs)."""
         if self._live is not None:
+            self._show()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+        if self._live is not None:
+            self._live.update(progress_line(self.p))
             self._live.__exit__(*exc)
         else:
             self.console.print(progress_line(self.p), soft_wrap=True)

@@ -93,9 +93,17 @@ class Progress:
     policy_errors: int = 0
     drift_check_errors: int = 0  # deferred drift checks that failed (their turns' drift flags are unset)
     started: float = field(default_factory=time.perf_counter)
+    in_flight: dict[str, TrajectoryState] = field(default_factory=dict)  # attempts running now, by trajectory id
 
     def tokens_per_s(self) -> float:
         return self.tokens / max(time.perf_counter() - self.started, 1e-9)
+
+    def live(self) -> tuple[int, int, int]:
+        """(turns, model tokens, tool calls): the finished trajectories' plus what the in-flight ones have so far.
+        Read on the event loop's thread (the states change between awaits)."""
+        states = list(self.in_flight.values())
+        return (self.turns + sum(len(s.turns) for s in states), self.tokens + sum(sum(s.env_mask) for s in states),
+                self.tool_calls + sum(len(t.tool_calls) for s in states for t in s.turns))
 
 
 @dataclass
@@ -241,6 +249,7 @@ class Scheduler:
         attempt = 0
         while True:
             traj = await self._attempt(task, group_id, sample_index, attempt, step)
+            self.progress.in_flight.pop(traj.id, None)  # in the same step as _account: the live counts never dip
             if traj.status is not Status.infra_error or attempt >= self.config.infra_retries:
                 self._account(traj)
                 return traj
@@ -249,10 +258,21 @@ class Scheduler:
             attempt += 1
 
     async def _attempt(self, task: Task, group_id: str, k: int, attempt: int, step: int | None) -> Trajectory:
+        """One attempt's record; while it runs its state is in `progress.in_flight` (run_one removes it with the
+        record, an exception here removes it at once)."""
         run = _Attempt(task=task, traj_id=self.ids.trajectory_id(group_id, k, attempt))
+        try:
+            return await self._run_attempt(run, group_id, k, attempt, step)
+        except BaseException:
+            self.progress.in_flight.pop(run.traj_id, None)
+            raise
+
+    async def _run_attempt(self, run: _Attempt, group_id: str, k: int, attempt: int, step: int | None) -> Trajectory:
+        task = run.task
         t0 = time.perf_counter()
         try:
             run.state = self.rollout.start(task, seed=self.ids.trajectory_seed(group_id, k))
+            self.progress.in_flight[run.traj_id] = run.state
             await self._leased(run)
         except asyncio.CancelledError:
             if run.drift is not None:
