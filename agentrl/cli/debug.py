@@ -1,7 +1,9 @@
 """The debugging commands: `agentrl replay`, `agentrl rescore`, `agentrl view`, `agentrl stats`.
 
-    agentrl replay FILE|RUN_DIR [--id ID] [--task TASK] [--step N] [--reexecute [--sandbox local|docker]] [--max-chars N]
-    agentrl rescore FILE|RUN_DIR [--reward CONFIG.yaml] [--env NAME] [--rerun-tests [--sandbox ...]] [--out FILE] [--all]
+    agentrl replay FILE|RUN_DIR [--id ID] [--task TASK] [--step N] [--reexecute [--sandbox local|docker]]
+                   [--max-chars N]
+    agentrl rescore FILE|RUN_DIR [--reward CONFIG.yaml] [--env NAME] [--rerun-tests [--sandbox ...]] [--out FILE]
+                    [--all]
     agentrl view FILE|RUN_DIR -o report.html [--max-chars N] [--title TEXT]
     agentrl stats FILE|RUN_DIR [--json OUT]
 

@@ -297,11 +297,28 @@ def _load_solutions(path: Path) -> dict[str, str]:
     return out
 
 
+async def prepare_env(env: Env) -> None:
+    """First use: an env that can fetch or build what its tasks need on this machine (`env.prepare(say)`, e.g.
+    repo_fix's sdists and test venvs) does it now, off the event loop, printing its progress."""
+    prepare = getattr(env, "prepare", None)
+    if callable(prepare):
+        await asyncio.to_thread(prepare, lambda msg: print(msg, flush=True))
+
+
+async def preflight(pool: Any, env: Env, tasks: list[Task]) -> None:
+    """Start one sandbox before any task is checked: a backend that cannot start one (no namespace, no image, no
+    credentials) is one error up front, not the same failure once per task."""
+    if tasks:
+        async with lease_sandbox(pool, env, tasks[0]):
+            pass
+
+
 async def check_env(name: str, *, solutions: Path | None, backend: str, json_out: Path | None,
                     options: dict[str, Any], tasks: int | None, concurrency: int,
                     unsafe_no_isolation: bool = False) -> int:
 
     env = get_env(name, **options)
+    await prepare_env(env)
     todo = select_tasks(env, tasks, [])
     given = _load_solutions(solutions) if solutions else None
     pool = make_pool(backend, env.sandbox_spec, warm=min(concurrency, 4), max_sandboxes=concurrency,
@@ -316,6 +333,8 @@ async def check_env(name: str, *, solutions: Path | None, backend: str, json_out
         try:
             async with lease_sandbox(pool, env, task) as sb:
                 return await env.score_solution(sb, task, solution)
+        except ConfigError:
+            raise  # the setup is wrong, not this solution: one error for the whole check
         except Exception as exc:  # noqa: BLE001 - e.g. the solution killed its sandbox: score 0, check the rest
             reason = f"the sandbox broke while scoring this solution: {type(exc).__name__}: {exc}"
             return TestReport(passed=0, total=0, error=reason[:500])
@@ -349,12 +368,20 @@ async def check_env(name: str, *, solutions: Path | None, backend: str, json_out
 
     results: list[tuple[Task, TestReport]] = []
     async with pool:
-        for fut in asyncio.as_completed([one(t) for t in todo]):
-            task, report = await fut
-            results.append((task, report))
-            mark = "ok " if report.total and report.passed == report.total else "FAIL"
-            print(f"{mark} {task.id:40s} {report.passed}/{report.total}" + (f"  ({report.error})" if report.error else ""))
-            sys.stdout.flush()
+        await preflight(pool, env, todo)
+        jobs = [asyncio.create_task(one(t)) for t in todo]
+        try:
+            for fut in asyncio.as_completed(jobs):
+                task, report = await fut
+                results.append((task, report))
+                mark = "ok " if report.total and report.passed == report.total else "FAIL"
+                error = f"  ({report.error})" if report.error else ""
+                print(f"{mark} {task.id:40s} {report.passed}/{report.total}{error}")
+                sys.stdout.flush()
+        finally:
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
     order = {t.id: i for i, t in enumerate(todo)}
     results.sort(key=lambda r: order[r[0].id])
     full = sum(1 for _, r in results if r.total and r.passed == r.total)

@@ -18,6 +18,8 @@ read-only at its host path (`ro_binds()`); on docker and kubernetes each task na
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ from agentrl.types import TestOutcome, TestReport, ToolCall, ToolResult
 from agentrl_repo_fix import grading, images, trees
 from agentrl_repo_fix.build import TASK_FORMAT
 from agentrl_repo_fix.config import REPO, SYSTEM_PROMPT, TOOLS, parse_options
-from agentrl_repo_fix.lockfile import default_cache_dir
+from agentrl_repo_fix.lockfile import DEFAULT_LOCKFILE, default_cache_dir, ensure_venv, fetch_sdist, load_lockfile
 from agentrl_repo_fix.testrun import node_id
 from agentrl_repo_fix.tools import run_bash, run_editor
 
@@ -100,6 +102,38 @@ class RepoFixEnv(Env):
         """The file names of the task's repository (from the bug diff's sdist when cached, else none)."""
         sdist = self.cache / "sdists" / f"{row['package']}-{row['version']}.tar.gz"
         return set(self.buggy(row)) if sdist.exists() else set()
+
+    def prepare(self, say: Callable[[str], None] = print) -> None:
+        """First use (`agentrl envs check` calls it): fetch the hash-checked sdist and build the test venv of every
+        package this env's tasks use that the cache lacks, as `python -m agentrl_repo_fix prepare` does, saying
+        what it does. Blocking (pip): call it off the event loop. On a prepared cache it only looks at files."""
+        missing = self.unprepared()
+        if not missing:
+            return
+        lock = load_lockfile(DEFAULT_LOCKFILE)
+        locked = {(p.name, p.version): p for p in lock.package}
+        for i, key in enumerate(missing, 1):
+            pkg = locked.get(key)
+            if pkg is None:
+                raise ConfigError(f"repo_fix: tasks use {key[0]} {key[1]}, which is not in {DEFAULT_LOCKFILE}: "
+                                  "rebuild the task file (python -m agentrl_repo_fix build)")
+            say(f"repo_fix: preparing {pkg.key} ({i}/{len(missing)}, first use): sdist + test venv in {self.cache}")
+            t0 = time.monotonic()
+            fetch_sdist(pkg, self.cache)
+            ensure_venv(lock, pkg, self.cache)
+            say(f"repo_fix: {pkg.key} ready ({time.monotonic() - t0:.0f}s)")
+
+    def unprepared(self) -> list[tuple[str, str]]:
+        """(package, version) of this env's tasks whose sdist or test venv is not in the cache, in task order."""
+        out: list[tuple[str, str]] = []
+        for row in self.rows():
+            key = (row["package"], row["version"])
+            stem = f"{key[0]}-{key[1]}"
+            ready = ((self.cache / "sdists" / f"{stem}.tar.gz").exists()
+                     and (self.cache / "venvs" / stem / ".agentrl-ready").exists())
+            if not ready and key not in out:
+                out.append(key)
+        return out
 
     def venv(self, row: Any) -> Path:
         path = self.cache / "venvs" / f"{row['package']}-{row['version']}"
