@@ -18,6 +18,8 @@ An env is a small class registered by name (`@register_env`, or the `agentrl.env
     async solution(sandbox, task)   -> the final answer stored with the trajectory (optional)
     reference_solution(task)        -> used by `agentrl envs check`
     async score_solution(sandbox, task, solution) -> TestReport for a given solution (`envs check --solutions`)
+    prepare(say)                    -> optional: fetch / build what the tasks need on this machine (blocking; `envs
+                                       check` calls it first, off the loop; e.g. repo_fix's sdists and test venvs)
 
 Fresh-sandbox grading (`grading_sandbox = "fresh"`): after the turns the runner kills every process of the policy's
 sandbox, calls `collect` there, and returns that sandbox to the pool; then it leases a second sandbox from the same
@@ -26,8 +28,8 @@ left of `finalize_timeout_s`, then returns it. Nothing the policy left (files ou
 a `.pth` in its home) exists where grading runs. `collect` must read the sandbox as data only (never run what the
 policy wrote); an exception out of it is the policy's (`finalize_failed`, scored 0), like one out of `finalize`.
 
-`call_tool` takes the task as a keyword (DESIGN shows `call_tool(sandbox, call)`): envs are shared across
-trajectories and hold no per-trajectory state, so the task must be passed in.
+`call_tool` takes the task as a keyword: envs are shared across trajectories and hold no per-trajectory state,
+so the task must be passed in. The contracts and how to add an env: docs/architecture.md and docs/envs.md.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Per turn: generate from the exact ids so far -> keep the sampled ids/logprobs (e
 run them in this trajectory's sandbox -> render the observation with the chat template and append its suffix ids
 (env_mask 0, logprob 0.0) -> check for template drift (`drift_check`: inline = on the loop each turn; deferred = only
 what each turn's check needs is recorded, and `finish_drift` computes the same answers in a worker process after the
-last turn; off = none, the flags stay None). Budgets (DESIGN §3, lesson 7): per-turn max_new_tokens,
+last turn; off = none, the flags stay None). Budgets (docs/architecture.md, Contracts): per-turn max_new_tokens,
 per-trajectory completion tokens, the context window (each turn is clamped to what is left and keeps its finish
 reason), per-tool-call timeout (`tool_timeout_s` around env.call_tool, also the sandbox's default command timeout) and
 per-trajectory wall time (in the scheduler).

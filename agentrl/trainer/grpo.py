@@ -11,7 +11,7 @@ per_device_train_batch_size = micro_batch, gradient_accumulation_steps = batch*g
 steps_per_generation = gradient_accumulation_steps, so rollout_func is called once per optimizer step with all
 batch*group prompts.
 
-Importance-sampling shim (reference/trl-sglang.md §2.6): TRL 1.16 computes the IS ratio between the trainer's
+Importance-sampling shim (docs/training.md, Off-policy correction): TRL 1.16 computes the IS ratio between the trainer's
 logprobs and the sampling logprobs only when `use_vllm` is on. `enable_importance_sampling` flips the trainer's
 attributes after construction (never `args.use_vllm`, which would start vLLM) and installs an object with
 `sync_weights()` as `vllm_generation`, which TRL then calls whenever `global_step` changed. It relies on private

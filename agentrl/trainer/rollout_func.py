@@ -7,7 +7,7 @@ reusing a step's stored rollout on resume, the per-step timing the trainer waite
 converting trajectories into TRL's dict. Does not own the loop of one trajectory (runner), rewards (the
 trajectory's `reward`, read by `env_reward`), or when TRL calls us.
 
-TRL contract (trl 1.16 `GRPOTrainer._generate`, see DESIGN §3 and reference/trl-sglang.md §2.3):
+TRL contract (trl 1.16 `GRPOTrainer._generate`, see docs/architecture.md and docs/training.md):
 
     prompts      [B*G]  the dataset column "prompt" = task ids, ALREADY repeated G (= num_generations) times
                         consecutively by TRL's RepeatSampler: block i = prompts[i*G:(i+1)*G] is one GRPO group.

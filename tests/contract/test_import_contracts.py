@@ -1,4 +1,5 @@
-"""DESIGN §2's who-may-import-whom, checked by import-linter contracts declared in pyproject.toml."""
+"""The layer rules of docs/architecture.md (who may import whom), checked by the import-linter contracts declared in
+pyproject.toml."""
 
 from __future__ import annotations
 

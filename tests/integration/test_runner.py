@@ -58,7 +58,8 @@ def _scheduler(env: Any, engine: Any, tok: Any, pool: SandboxPool, *, max_turns:
 
 
 def _assert_tito(traj: Trajectory, gens: list[Generation], renderer: ChatRenderer, inputs: list[list[int]]) -> None:
-    """The token invariants of DESIGN §3, checked against what the engine actually returned."""
+    """The token invariants of the Trajectory contract (docs/architecture.md), checked against what the engine
+    actually returned."""
     n = len(traj.completion_ids)
     assert len(traj.logprobs) == n and len(traj.env_mask) == n
     assert len(traj.turns) == len(gens)
