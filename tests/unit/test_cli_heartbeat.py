@@ -65,7 +65,8 @@ async def test_heartbeat_reports_in_flight_work_before_anything_finishes(tokeniz
     assert max(b[2] for b in beats) == 4  # all four trajectories in flight
     # the counters move while nothing has finished: turns, tool calls and tokens of in-flight trajectories
     unfinished = [b for b in beats if b[0] == 0]
-    assert max(b[3] for b in unfinished) >= 4 and max(b[4] for b in unfinished) >= 4 and max(b[5] for b in unfinished) > 0
+    turns, tool_calls, tokens = (max(b[i] for b in unfinished) for i in (3, 4, 5))
+    assert turns >= 4 and tool_calls >= 4 and tokens > 0
     assert [b[3] for b in unfinished] == sorted(b[3] for b in unfinished)  # monotone while in flight
     final = LINE.search(out.getvalue().splitlines()[-1])
     assert final is not None and final.groups()[:4] == ("4", "4", "0", "12")  # 4 trajectories x 3 turns, none left
