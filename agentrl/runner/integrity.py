@@ -34,6 +34,7 @@ from agentrl.types import IntegritySignal, Status, TestReport, Trajectory
 log = logging.getLogger("agentrl.integrity")
 
 SIGNALS = ("protected_path_edit", "test_tamper", "resource_exhaustion", "reward_unsupported")
+FLAGGED_KEY = "integrity_flagged_frac"  # any signal: shown, not alarmed on (each signal has its own rate)
 KILLED_EXIT_CODES = (137, -9)  # SIGKILL as a shell reports it / as Popen reports it
 
 
@@ -149,7 +150,7 @@ def check_alarm(history: Sequence[dict[str, object]], *, max_frac: dict[str, flo
     row = history[-1]
     step = int(row.get("step", len(history) - 1))  # type: ignore[call-overload]
     alarms = []
-    for key in sorted(k for k in row if k.startswith("integrity_") and k.endswith("_frac")):
+    for key in sorted(k for k in row if k.startswith("integrity_") and k.endswith("_frac") and k != FLAGGED_KEY):
         name, rate = key[len("integrity_"):-len("_frac")], float(row[key] or 0.0)  # type: ignore[arg-type]
         limit = max_frac.get(name)
         if limit is not None and rate > limit:

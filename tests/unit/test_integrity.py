@@ -86,7 +86,8 @@ def test_rates_count_flagged_scored_trajectories_per_signal() -> None:
 
 
 def _rows(*fracs: float) -> list[dict[str, object]]:
-    return [{"step": i, "integrity_test_tamper_frac": f, "integrity_reward_unsupported_frac": 0.0}
+    return [{"step": i, "integrity_test_tamper_frac": f, "integrity_reward_unsupported_frac": 0.0,
+             "integrity_flagged_frac": f}
             for i, f in enumerate(fracs)]
 
 
