@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SCHEMA_VERSION = 2  # 2: reward_components, error_kind
+SCHEMA_VERSION = 3  # 2: reward_components, error_kind; 3: integrity signals, tool-call test reports
 
 
 class _Record(BaseModel):
@@ -64,6 +64,17 @@ class ToolSpec(_Record):
         return {"type": "function", "function": self.model_dump()}
 
 
+class IntegritySignal(_Record):
+    """One piece of evidence, observed by the sandbox, the runner or the env (never taken from the policy's own
+    text), that the policy reached for what judges it. Detection only: a signal never changes a reward. The rules and
+    the names live in `agentrl.runner.integrity`; docs/reward-integrity.md says what each observes and how it can miss."""
+
+    name: str
+    count: int = Field(default=1, ge=1)
+    turn: int | None = None  # the turn where it was (first) seen; None: at grading, after the last turn
+    detail: str = ""
+
+
 class ToolCall(_Record):
     id: str
     name: str
@@ -85,6 +96,8 @@ class ToolResult(_Record):
     truncated: bool = False
     error: str | None = None  # "parse_error" | "unknown_tool" | "bad_arguments" | "tool_failed" | None
     done: bool = False  # the env says the episode is over after this call
+    tests: "TestReport | None" = None  # the (visible) tests the env ran for this call, as the grader reported them
+    signals: list[IntegritySignal] = Field(default_factory=list)  # what the sandbox/env observed during this call
 
 
 class SamplingParams(_Record):
@@ -156,6 +169,8 @@ class TestReport(_Record):
     total: int
     outcomes: list[TestOutcome] = Field(default_factory=list)
     error: str | None = None  # the test harness itself failed to produce a report
+    subject: str | None = None  # a digest of what was graded (e.g. the solution's sha256), to match reports
+    signals: list[IntegritySignal] = Field(default_factory=list)  # what the grader observed (tampering, dropped files)
 
     @property
     def fraction(self) -> float:
@@ -201,6 +216,7 @@ class Trajectory(_Record):
     solution: str | None = None
     drift_count: int = 0
     drift_check_error: str | None = None  # the deferred drift check failed: the turns' drift flags are None
+    integrity: list[IntegritySignal] = Field(default_factory=list)  # agentrl.runner.integrity.observe()
     timing: Timing = Field(default_factory=Timing)
     meta: dict[str, Any] = Field(default_factory=dict)
 
@@ -234,3 +250,6 @@ class Trajectory(_Record):
         return sum(1 for t in self.turns for r in t.tool_results if r.error is not None) + sum(
             len(t.parse_errors) for t in self.turns
         )
+
+
+ToolResult.model_rebuild()

@@ -273,6 +273,7 @@ def error_causes(trajectories: list[Any]) -> dict[str, dict[str, int]]:
 
 def _cmd_stats(a: argparse.Namespace) -> int:
     from agentrl.cli.display import summary_table
+    from agentrl.runner import integrity
     from agentrl.store import summarize
     from agentrl.view.data import NO_STEP, by_step
     from agentrl.view.terminal import steps_table
@@ -288,9 +289,12 @@ def _cmd_stats(a: argparse.Namespace) -> int:
     causes = error_causes(loaded.trajectories)
     for status, counts in causes.items():
         console.print(f"{status} by cause: " + ", ".join(f"{kind} {n}" for kind, n in counts.items()))
+    signals = integrity.counts(loaded.trajectories)
+    console.print("integrity signals: " + (", ".join(
+        f"{name} in {c['trajectories']} trajectories ({c['count']}x)" for name, c in signals.items()) or "none"))
     if a.json:
         payload = {"file": str(a.file), "unreadable_lines": len(loaded.errors), "summary": overall,
-                   "steps": {str(k): v for k, v in per_step.items()}, "error_causes": causes}
+                   "steps": {str(k): v for k, v in per_step.items()}, "error_causes": causes, "integrity": signals}
         a.json.write_text(json.dumps(payload, indent=2))
         console.print(f"wrote {a.json}")
     return 0

@@ -75,6 +75,7 @@ _ROWS = [
     ("parse_errors", "parse errors", "{:.0f}"), ("truncations", "truncations", "{:.0f}"),
     ("timeouts", "timeouts", "{:.0f}"), ("infra_errors", "infra errors (unscored)", "{:.0f}"),
     ("infra_error_frac", "unscored fraction", "{:.1%}"), ("policy_errors", "policy errors (scored)", "{:.0f}"),
+    ("integrity_flagged", "flagged (integrity signals)", "{:.0f}"),
     ("template_drift_turns", "template drift (turns)", "{:.0f}"), ("tokens_generated", "tokens generated", "{:.0f}"),
     ("tokens_per_s", "tokens/s (wall)", "{:.1f}"), ("wall_s", "wall time (s)", "{:.1f}"),
 ]

@@ -99,6 +99,12 @@ def _cmd_train(a: argparse.Namespace) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if result.stopped_by is not None:
+        print(f"train: stopped after {result.steps_done} steps by the {result.stopped_by} (integrity.action: stop); "
+              f"everything stored so far is kept: metrics {cfg.metrics_path}, trajectories {cfg.trajectories_path}, "
+              f"checkpoints {cfg.checkpoints_dir}. Inspect with `agentrl stats {cfg.output_dir}` / `agentrl view`",
+              file=sys.stderr)
+        return 3
     print(f"train: done, {result.steps_done} steps; metrics {cfg.metrics_path}, trajectories "
           f"{cfg.trajectories_path}, checkpoints {cfg.checkpoints_dir}")
     return 0

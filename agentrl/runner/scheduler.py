@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from agentrl.envs.base import Submission, Task, lease_sandbox
 from agentrl.errors import ConfigError, SandboxDiedError
 from agentrl.reward import Scorer
+from agentrl.runner import integrity
 from agentrl.runner.attribution import DeathFacts, Stage, Verdict, classify
 from agentrl.runner.guard import UnscoredGuard
 from agentrl.runner.rollout import Rollout, TrajectoryState
@@ -286,7 +287,7 @@ class Scheduler:
         end_session = getattr(self.rollout.engine, "end_session", None)
         if end_session is not None:  # engines with sticky routing forget this trajectory's worker
             end_session(run.traj_id)
-        return await self._score(self._safe_record(run, group_id, k, attempt, step))
+        return integrity.observe(await self._score(self._safe_record(run, group_id, k, attempt, step)))
 
     async def _score(self, traj: Trajectory) -> Trajectory:
         """The scorer's reward; a scorer that fails (reward service down, a source's bug) makes it infra_error:

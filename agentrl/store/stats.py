@@ -44,6 +44,7 @@ def summarize(trajectories: Iterable[Trajectory], *, wall_s: float | None = None
         "policy_errors": float(sum(t.status is Status.policy_error for t in trajs)),
         "template_drift_turns": float(sum(t.drift_count for t in trajs)),
         "drift_check_errors": float(sum(t.drift_check_error is not None for t in trajs)),
+        "integrity_flagged": float(sum(bool(t.integrity) for t in trajs)),  # trajectories with integrity signals
         "completion_len_mean": _mean([float(len(t.completion_ids)) for t in trajs]),
         "tokens_generated": float(tokens),
         "tokens_per_s_engine": tokens / gen_s if gen_s else 0.0,

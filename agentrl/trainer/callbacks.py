@@ -12,14 +12,18 @@ optimizer.step] -> on_step_end (global_step already incremented) -> on_log (TRL'
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from transformers import TrainerCallback
 
+from agentrl.runner import integrity
 from agentrl.trainer.metrics import MetricsWriter, step_metrics, table_header, table_row
 from agentrl.trainer.rollout_func import AgentRollout
+
+log = logging.getLogger("agentrl.integrity")
 
 
 class StepCallback(TrainerCallback):
@@ -27,7 +31,7 @@ class StepCallback(TrainerCallback):
                  echo: Callable[[str], None] = print, eval_every: int = 0,
                  run_eval: Callable[[int], None] | None = None, snapshot_every: int = 0,
                  run_snapshot: Callable[[int], None] | None = None, gc_monitor: Any = None,
-                 loop_lag: Any = None) -> None:
+                 loop_lag: Any = None, integrity_options: Any = None) -> None:
         self.rollout = rollout
         self.writer = writer
         self.total_steps = total_steps
@@ -41,6 +45,9 @@ class StepCallback(TrainerCallback):
         self.rows: list[dict[str, Any]] = []
         self.gc_monitor = gc_monitor  # GcMonitor-like (`take()`: the collector's cost since the last call) or None
         self.loop_lag = loop_lag  # agentrl.runner.LoopLag on the job's loop, or None
+        self.integrity = integrity_options  # trainer.config.IntegrityOptions, or None: no alarm
+        self.alarms: list[integrity.Alarm] = []
+        self.stopped_by: integrity.Alarm | None = None  # the alarm that stopped training (action: stop)
         self._t0 = 0.0
         self._t_end = 0.0
 
@@ -90,6 +97,21 @@ class StepCallback(TrainerCallback):
         self.writer.write(row)
         self.rows.append(row)
         self.echo(table_row(row))
+        self._alarm(control)
+
+    def _alarm(self, control: Any) -> None:
+        """Integrity alarm after the step's row is stored: warn, and with action `stop` end training after it."""
+        opts = self.integrity
+        if opts is None:
+            return
+        alarms = integrity.check_alarm(self.rows, max_frac=opts.max_frac, window=opts.window, min_frac=opts.min_frac)
+        for alarm in alarms:
+            log.warning("%s", alarm)
+            self.echo(f"WARNING: {alarm}; see the flagged trajectories with `agentrl view` / `agentrl stats`")
+        self.alarms += alarms
+        if alarms and opts.action == "stop" and self.stopped_by is None:
+            self.stopped_by = alarms[0]
+            control.should_training_stop = True
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.eval_every:

@@ -16,10 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentrl.config import (BudgetConfig, EngineConfig, LocalEngineConfig, RewardList, RolloutConfig, SandboxConfig,
                             _Config, default_reward)
+from agentrl.runner.integrity import SIGNALS
 from agentrl.types import SamplingParams
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"]
@@ -72,6 +73,28 @@ class EvalOptions(_Config):
     task_ids: list[str] = Field(default_factory=list)
     samples: int = Field(default=2, ge=1)
     greedy: bool = True
+
+
+class IntegrityOptions(_Config):
+    """The integrity alarm (agentrl.runner.integrity; docs/reward-integrity.md): after each step, a signal whose rate
+    (`integrity_<signal>_frac` in metrics.jsonl) is above `max_frac[signal]`, or has at least doubled over the last
+    `window` steps while at least `min_frac`, logs a warning; `action: stop` also ends training after that step
+    (everything stored so far is kept). Signals never change rewards."""
+
+    max_frac: dict[str, float] = Field(default_factory=dict)
+    action: Literal["warn", "stop"] = "warn"
+    window: int = Field(default=2, ge=1)
+    min_frac: float = Field(default=0.1, gt=0.0, le=1.0)
+
+    @field_validator("max_frac")
+    @classmethod
+    def _known(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, frac in value.items():
+            if name not in SIGNALS:
+                raise ValueError(f"integrity.max_frac: unknown signal {name!r}; known: {', '.join(SIGNALS)}")
+            if not 0.0 <= frac <= 1.0:
+                raise ValueError(f"integrity.max_frac.{name}={frac}: a fraction of trajectories, 0..1")
+        return value
 
 
 class SnapshotOptions(_Config):
@@ -141,6 +164,7 @@ class TrainConfig(_Config):
     eval_every: int = Field(default=0, ge=0)  # 0: no evaluation during training
     eval: EvalOptions = Field(default_factory=EvalOptions)
     snapshot: SnapshotOptions = Field(default_factory=SnapshotOptions)
+    integrity: IntegrityOptions = Field(default_factory=IntegrityOptions)
     reward: RewardList = Field(default_factory=default_reward)  # weighted reward sources (agentrl.reward)
     seed: int = 0
     deterministic: bool = False  # identical trajectories, metrics and checkpoints per seed (docs/determinism.md)

@@ -83,6 +83,7 @@ class JobResult:
     resumed_from: int
     rows: list[dict[str, Any]]
     output_dir: Path
+    stopped_by: str | None = None  # the integrity alarm that stopped training (integrity.action: stop)
 
 
 def guard_output_dir(cfg: TrainConfig, resume: bool) -> None:
@@ -181,7 +182,8 @@ class Job:
             stack.callback(self.rollout_fn.close)  # before the pool closes: groups running ahead are cancelled
             self.trainer.train(resume_from_checkpoint=str(state.checkpoint) if state.checkpoint else None)
         return JobResult(steps_done=int(self.trainer.state.global_step), resumed_from=state.step,
-                         rows=callback.rows, output_dir=cfg.output_dir)
+                         rows=callback.rows, output_dir=cfg.output_dir,
+                         stopped_by=None if callback.stopped_by is None else str(callback.stopped_by))
 
     def _announce(self, state: ResumeState) -> None:
         cfg = self.cfg
@@ -212,7 +214,7 @@ class Job:
                                 run_eval=lambda step: self._evaluate(loop, rollout_fn, step),
                                 snapshot_every=cfg.snapshot.every if parts.snapshot_tasks else 0,
                                 run_snapshot=lambda step: self._snapshot(loop, rollout_fn, step),
-                                gc_monitor=parts.gc_monitor, loop_lag=lag)
+                                gc_monitor=parts.gc_monitor, loop_lag=lag, integrity_options=cfg.integrity)
         if cfg.deterministic:  # before the policy is built: a LoRA adapter's initialisation draws from torch's RNG
             from transformers import enable_full_determinism
 

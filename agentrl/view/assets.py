@@ -33,7 +33,7 @@ svg.plot .ax { stroke: #999; stroke-width: 1; }
 .filters input[type=number] { width: 70px; }
 #count { font-weight: 600; margin-left: 8px; }
 .grid { display: grid;
-  grid-template-columns: 220px minmax(120px, 1fr) 50px 120px 60px 60px 50px 50px 60px 80px 80px 70px 60px; }
+  grid-template-columns: 220px minmax(120px, 1fr) 50px 120px 60px 60px 50px 50px 60px 80px 80px 70px 60px 140px; }
 #thead { font-weight: 600; background: #f4f4f4; border: 1px solid #ddd; border-bottom: none; }
 #thead > div { padding: 3px 4px; cursor: pointer; user-select: none; white-space: nowrap; }
 #thead > div.sorted::after { content: " \25BE"; } #thead > div.sorted.asc::after { content: " \25B4"; }
@@ -109,7 +109,8 @@ JS = r"""
     ["model_tokens", "model tok", function (r) { return num(r[C.model_tokens]); }, "num"],
     ["tool_tokens", "tool tok", function (r) { return num(r[C.tool_tokens]); }, "num"],
     ["total_s", "time (s)", function (r) { return num(r[C.total_s], 2); }, "num"],
-    ["wv_min", "weights", wv, "num"]
+    ["wv_min", "weights", wv, "num"],
+    ["flags", "integrity", function (r) { return r[C.flags] ? '<span class="flag">' + esc(r[C.flags]) + "</span>" : ""; }, ""]
   ];
 
   function header() {
@@ -202,6 +203,12 @@ JS = r"""
     var stderr = r.stderr ? tag("div", "lbl", "stderr") + pre(r.stderr) : "";
     return tag("div", "result" + (bad ? " fail" : ""), label + " " + flags.join(DOT) + pre(r.output) + stderr);
   }
+  function signalHtml(s) {
+    var where = s[2] === null ? "at grading" : "at turn " + s[2];
+    return tag("div", "result fail signal", '<span class="flag">integrity: ' + esc(s[0]) + " x" + s[1] + " " + where +
+      "</span>" + (s[3] ? pre(s[3]) : ""));
+  }
+  var SIGNALS = [];
   function turn(t) {
     var flags = ["finish " + esc(t.finish), "weights v" + t.wv, "gen " + num(t.gen_s, 3) + " s",
       "tools " + num(t.tool_s, 3) + " s", "tokens [" + t.start + ", " + (t.start + t.model_len + t.env_len) + ")"];
@@ -218,6 +225,7 @@ JS = r"""
     t.parse_errors.forEach(function (e) {
       h += tag("div", "result fail", tag("span", "err", "parse error") + pre(e));
     });
+    SIGNALS.forEach(function (s) { if (s[2] === t.i) h += signalHtml(s); });
     if (t.env_len || t.obs) {
       h += tag("div", "span span-tool", tag("div", "lbl", "tool" + DOT + t.env_len + " tokens") + pre(t.obs));
     }
@@ -249,8 +257,11 @@ JS = r"""
       ["tools", secs(tm.tools_s)], ["setup", secs(tm.setup_s)], ["finalize", secs(tm.finalize_s)],
       ["sandbox wait", secs(tm.sandbox_wait_s)]]);
     if (d.error) h += '<p class="err">error: ' + esc(d.error) + "</p>";
+    SIGNALS = d.integrity || [];
+    if (SIGNALS.length) h += "<h3>integrity signals</h3>" + SIGNALS.map(signalHtml).join("");
     h += strip(d) + "<h3>turns</h3>" + d.turns.map(turn).join("");
     h += "<h3>tests</h3>" + testsHtml(d.tests);
+    SIGNALS.forEach(function (s) { if (s[2] === null) h += signalHtml(s); });
     if (d.solution) h += "<h3>solution</h3>" + pre(d.solution);
     h += "<h3>meta</h3>" + pre(d.meta);
     detailEl.innerHTML = h;

@@ -6,7 +6,7 @@ Does not own: HTML or plots (`html.py`, `plots.py`).
 
 Detail layout (keys kept short: the file holds thousands of these):
     {"id", "group", "task", "env", "status", "step", "sample", "attempt", "reward", "components": [[name, value]],
-     "error", "solution",
+     "error", "solution", "integrity": [[signal, count, turn | null, detail], ...],
      "tests": {"passed", "total", "error", "outcomes": [[name, passed, message], ...]} | null,
      "timing": {...}, "meta": "<json, trimmed>", "prompt_len", "mask": [[1, n_model], [0, n_tool], ...],
      "turns": [{"i", "start", "model_len", "env_len", "text", "obs", "finish", "wv", "cached", "gen_s", "tool_s",
@@ -28,7 +28,7 @@ from agentrl.store import summarize
 from agentrl.types import ToolResult, Trajectory, Turn
 
 INDEX_COLUMNS = ("id", "task", "step", "status", "reward", "passed", "total", "turns", "calls", "tool_errors",
-                 "model_tokens", "tool_tokens", "total_s", "wv_min", "wv_max", "group", "sample")
+                 "model_tokens", "tool_tokens", "total_s", "wv_min", "wv_max", "group", "sample", "flags")
 NO_STEP = "all"
 
 
@@ -70,7 +70,8 @@ def index_row(t: Trajectory) -> list[Any]:
     wv_min, wv_max = _weight_versions(t)
     return [t.id, t.task_id, t.step, t.status.value, finite(t.reward), t.tests.passed if t.tests else None,
             t.tests.total if t.tests else None, len(t.turns), t.num_tool_calls, t.num_tool_errors, model,
-            len(t.completion_ids) - model, finite(t.timing.total_s, 3), wv_min, wv_max, t.group_id, t.sample_index]
+            len(t.completion_ids) - model, finite(t.timing.total_s, 3), wv_min, wv_max, t.group_id, t.sample_index,
+            ",".join(s.name for s in t.integrity) or None]
 
 
 def _result(r: ToolResult, limit: int) -> dict[str, Any]:
@@ -118,6 +119,7 @@ def detail(t: Trajectory, limit: int) -> dict[str, Any]:
             "timing": {k: finite(v, 4) for k, v in t.timing.model_dump().items()},
             "meta": trim(json.dumps(t.meta, ensure_ascii=False, default=str), limit),
             "prompt_len": len(t.prompt_ids), "drift_count": t.drift_count, "mask": mask_runs(t.env_mask),
+            "integrity": [[s.name, s.count, s.turn, trim(s.detail, limit)] for s in t.integrity],
             "turns": [_turn(turn, limit) for turn in t.turns]}
 
 
@@ -151,13 +153,14 @@ def by_step(trajs: Sequence[Trajectory]) -> dict[int | str, list[Trajectory]]:
 
 
 COMPARE = ("trajectories", "reward_mean", "pass_at_1", "pass_at_g", "mean_turns", "completion_len_mean",
-           "tool_latency_mean", "tool_errors", "truncations", "infra_errors")
+           "tool_latency_mean", "tool_errors", "truncations", "infra_errors", "flagged_frac")
 
 
 def step_summary(trajs: Sequence[Trajectory]) -> dict[str, float]:
     s = summarize(trajs)
     lat = samples(trajs)["tool_latency"]
     s["tool_latency_mean"] = mean(lat) if lat else 0.0
+    s["flagged_frac"] = s["integrity_flagged"] / s["trajectories"] if s["trajectories"] else 0.0
     return s
 
 

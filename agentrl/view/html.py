@@ -40,6 +40,7 @@ SUMMARY_LABELS = {
     "infra_errors": "infra errors", "template_drift_turns": "template drift (turns)",
     "completion_len_mean": "mean completion length", "tokens_generated": "tokens generated",
     "tokens_per_s_engine": "tokens/s (engine)", "tool_latency_mean": "mean tool latency (s)",
+    "integrity_flagged": "flagged (integrity signals)", "flagged_frac": "flagged rate (integrity)",
 }
 
 
@@ -126,7 +127,8 @@ def steps_html(trajs: Sequence[Trajectory]) -> str:
     if len(numbered) > 1:
         xs = [r["step"] for r in numbered]
         trends = [plots.trend_svg(xs, [r["values"][k] for r in numbered], title=SUMMARY_LABELS.get(k, k))
-                  for k in ("reward_mean", "pass_at_1", "completion_len_mean", "mean_turns", "tool_latency_mean")]
+                  for k in ("reward_mean", "pass_at_1", "completion_len_mean", "mean_turns", "tool_latency_mean",
+                            "flagged_frac")]
         out.append('<h3>trends</h3><div class="plots">' + "".join(trends) + "</div>")
     return "".join(out)
 

@@ -16,7 +16,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from agentrl.types import ToolResult, Trajectory, Turn
+from agentrl.types import IntegritySignal, ToolResult, Trajectory, Turn
 from agentrl.view.data import format_arguments, trim
 
 if TYPE_CHECKING:  # replay imports envs and sandboxes; the views only read its records
@@ -34,13 +34,14 @@ def listing_table(trajs: Sequence[Trajectory], title: str = "trajectories", max_
     """One row per trajectory (the first `max_rows`); ids are never cut, they are what `--id` takes."""
     more = len(trajs) - max_rows
     table = Table(title=title, caption=f"… {more} more not shown" if more > 0 else None)
-    for col in ("id", "task", "step", "status", "reward", "tests", "turns", "calls"):
+    for col in ("id", "task", "step", "status", "reward", "tests", "turns", "calls", "flags"):
         table.add_column(col, justify="right" if col in ("step", "reward", "tests", "turns", "calls") else "left",
                          overflow="fold", min_width=len(col))
     for t in trajs[:max_rows]:
         tests = f"{t.tests.passed}/{t.tests.total}" if t.tests else "–"
         table.add_row(Text(t.id), Text(t.task_id), _num(t.step, "{}"), t.status.value, _num(t.reward), tests,
-                      str(len(t.turns)), str(t.num_tool_calls))
+                      str(len(t.turns)), str(t.num_tool_calls),
+                      Text(",".join(s.name for s in t.integrity), style="bold red") if t.integrity else "")
     return table
 
 
@@ -55,7 +56,15 @@ def _header(t: Trajectory) -> Panel:
              "timing: " + "   ".join(f"{k.removesuffix('_s')} {v:.3f}s" for k, v in t.timing.model_dump().items())]
     if t.error:
         lines.append(f"error [{t.error_kind}]: {t.error}" if t.error_kind else f"error: {t.error}")
-    return Panel(Text("\n".join(lines)), title=Text(f"trajectory {t.id}"), title_align="left")
+    text = Text("\n".join(lines))
+    for sig in t.integrity:
+        text.append("\n" + _signal_line(sig), style="bold red")
+    return Panel(text, title=Text(f"trajectory {t.id}"), title_align="left")
+
+
+def _signal_line(sig: IntegritySignal) -> str:
+    where = "at grading" if sig.turn is None else f"at turn {sig.turn}"
+    return f"INTEGRITY {sig.name} x{sig.count} {where}" + (f": {sig.detail}" if sig.detail else "")
 
 
 def _result(r: ToolResult, max_chars: int) -> Text:
@@ -76,7 +85,7 @@ def _indent(text: str, pad: str = "    ") -> str:
     return "\n".join(pad + line for line in text.splitlines()) if text else pad + "(empty)"
 
 
-def _turn(turn: Turn, max_chars: int) -> Panel:
+def _turn(turn: Turn, max_chars: int, signals: Sequence[IntegritySignal] = ()) -> Panel:
     parts: list[RenderableType] = [
         Text(f"model · {turn.model_len} tokens", style="bold cyan"),
         Text(trim(turn.text, max_chars) or "(empty)", style=MODEL_STYLE)]
@@ -85,6 +94,7 @@ def _turn(turn: Turn, max_chars: int) -> Panel:
                      + Text(_indent(trim(format_arguments(call.arguments), max_chars)), style="yellow"))
     parts += [_result(r, max_chars) for r in turn.tool_results]
     parts += [Text(f"  parse error: {e}", style="red") for e in turn.parse_errors]
+    parts += [Text("  " + _signal_line(sig), style="bold red") for sig in signals if sig.turn == turn.index]
     if turn.env_len or turn.observation:
         parts.append(Text(f"tool · {turn.env_len} tokens", style="bold yellow"))
         parts.append(Text(trim(turn.observation, max_chars) or "(empty)", style=TOOL_STYLE))
@@ -111,7 +121,9 @@ def _tests(t: Trajectory, max_chars: int) -> RenderableType:
 
 def trajectory_view(t: Trajectory, *, max_chars: int = 2000) -> Group:
     """Header, every turn (model text, tool calls, results, observation), tests and the final solution."""
-    parts: list[RenderableType] = [_header(t), *(_turn(turn, max_chars) for turn in t.turns), _tests(t, max_chars)]
+    parts: list[RenderableType] = [_header(t), *(_turn(turn, max_chars, t.integrity) for turn in t.turns),
+                                   _tests(t, max_chars)]
+    parts += [Text(_signal_line(sig), style="bold red") for sig in t.integrity if sig.turn is None]
     if t.solution:
         parts.append(Panel(Text(trim(t.solution, max_chars)), title="solution", title_align="left"))
     return Group(*parts)

@@ -69,7 +69,8 @@ class CodeTestsEnv(Env):
         code = call.arguments.get("code")
         if call.name == "run_tests":
             solution = await self.solution(sandbox, task) or ""
-            return ToolResult(call_id=call.id, name=call.name, output=await self._visible(sandbox, task, solution))
+            text, report = await self._visible(sandbox, task, solution)
+            return ToolResult(call_id=call.id, name=call.name, output=text, tests=report)
         if call.name != "run_python":
             return ToolResult(call_id=call.id, name=call.name, output=f"unknown tool {call.name!r}",
                               error="unknown_tool")
@@ -91,25 +92,28 @@ class CodeTestsEnv(Env):
                 await sandbox.exec(["rm", "-rf", "--", SOLUTION_FILE], timeout=self.config.run_timeout_s)
             await sandbox.write_file(SOLUTION_FILE, merged)
         output = format_exec(res, self.config.output_chars, timeout_s=self.config.run_timeout_s)
+        report = None
         if self.action_format == "codeblock":
-            output += "\n\n" + await self._visible(sandbox, task, current if merged is None else merged)
+            text, report = await self._visible(sandbox, task, current if merged is None else merged)
+            output += "\n\n" + text
         limit = self.config.output_chars
         return ToolResult(
             call_id=call.id, name=call.name, output=output, exit_code=res.exit_code, stdout=cap(res.stdout, limit),
             stderr=cap(res.stderr, limit), duration_s=res.duration_s, timed_out=res.timed_out,
-            truncated=res.truncated or max(len(res.stdout), len(res.stderr)) > limit,
+            truncated=res.truncated or max(len(res.stdout), len(res.stderr)) > limit, tests=report,
         )
 
-    async def _visible(self, sandbox: Sandbox, task: Task, solution: str) -> str:
+    async def _visible(self, sandbox: Sandbox, task: Task, solution: str) -> tuple[str, TestReport | None]:
+        """The visible tests' results as the model sees them, and the report (kept on the tool result)."""
         entry = task.data["entry_point"]
         if not task.data["visible_tests"]:
-            return "tests: none to show for this task"
+            return "tests: none to show for this task", None
         if not defines(solution, entry):
-            return f"tests: not run (no definition of {entry}() yet)"
+            return f"tests: not run (no definition of {entry}() yet)", None
         tests = [(f"visible_{i}", src) for i, src in enumerate(task.data["visible_tests"])]
         report = await run_harness(sandbox, task.data, solution, tests, timeout_s=self.config.test_timeout_s,
                                    budget_s=self.config.test_budget_s)
-        return format_tests(report, task.data["visible_tests"])
+        return format_tests(report, task.data["visible_tests"]), report
 
     async def finalize(self, sandbox: Sandbox, task: Task) -> TestReport:
         solution, problem = await self._read_solution(sandbox)

@@ -1,0 +1,80 @@
+"""Integrity signals through a real `agentrl rollout` (the CLI process, runner, scheduler, store, code_tests env and
+bubblewrap sandboxes; only the model is scripted, served over the SGLang stand-in): each attack raises its signal at
+the turn where it happened, an honest trajectory of the same task raises none, and no signal changes a reward."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from sglang_support import contract_validator
+from test_rollout_attacks import _run
+
+from agentrl.engine.standin import StandIn, StandInServer
+from agentrl.testing.scripted import ScriptedEngine
+
+HONEST = "def add(a, b):\n    return a + b\nprint(add(1, 2))"
+# fills memory page by page until the commands' cgroup limit: the kernel's OOM killer ends it (SIGKILL)
+MEMORY_BOMB = "chunks = []\nwhile True:\n    chunks.append(b'x' * (64 << 20))"
+# wrong on its first call, right afterwards: a counter file in the workspace survives between grader runs, so
+# the visible tests (early calls) fail and the hidden tests (later calls) pass with the same solution
+FLAKY_BY_DESIGN = """
+import os
+def add(a, b):
+    path = '/workspace/.calls'
+    n = int(open(path).read()) if os.path.exists(path) else 0
+    open(path, 'w').write(str(n + 1))
+    return a + b if n >= 1 else 0
+"""
+SCRIPTS = {"honest": [HONEST], "memory_bomb": [MEMORY_BOMB, HONEST], "flaky_by_design": [FLAKY_BY_DESIGN]}
+
+
+def _reply_for(names: list[str]) -> Any:
+    assigned: dict[str, str] = {}
+
+    def reply(session: str, turn: int, _ids: list[int]) -> str:
+        name = assigned.setdefault(session, names[len(assigned) % len(names)])
+        blocks = SCRIPTS[name]
+        if turn >= len(blocks):
+            return "I am done."
+        tag = f"# script: {name}\n" if turn == 0 else ""
+        return f"```python\n{tag}{blocks[turn]}\n```"
+
+    return reply
+
+
+async def test_each_attack_raises_its_signal_and_an_honest_run_none(tmp_path: Path, smollm2_path: Path,
+                                                                      smollm2_tokenizer: Any) -> None:
+    names = sorted(SCRIPTS)
+    engine = ScriptedEngine(smollm2_tokenizer, _reply_for(names))
+    server = StandInServer(StandIn(engine, model_path=smollm2_path, validator=contract_validator(),
+                                   worker_id="scripted"))
+    url = await server.start()
+    out = tmp_path / "signals.jsonl"
+    try:
+        code, log = await _run([sys.executable, "-m", "agentrl.cli", "rollout", "--env", "code_tests", "--task-id",
+                                "easy/add", "--group-size", str(len(names)), "--max-turns", "3", "--out", str(out),
+                                "--engine", "sglang", "--engine-url", url, "--model", str(smollm2_path)])
+    finally:
+        await server.stop()
+    assert code == 0, log[-3000:]
+    trajs = {_script_of(t, names): t for t in map(json.loads, out.read_text().splitlines())}
+    assert sorted(trajs) == names
+    signals = {name: [(s["name"], s["turn"]) for s in t["integrity"]] for name, t in trajs.items()}
+    assert signals == {"honest": [], "memory_bomb": [("resource_exhaustion", 0)],
+                       "flaky_by_design": [("reward_unsupported", 0)]}, signals
+    assert trajs["honest"]["reward"] == 1.0 and trajs["memory_bomb"]["reward"] == 1.0  # detection never scores
+    assert all(t["status"] != "infra_error" for t in trajs.values())
+
+    from agentrl.cli import main
+
+    stats = tmp_path / "stats.json"
+    assert main(["stats", str(out), "--json", str(stats)]) == 0
+    assert json.loads(stats.read_text())["integrity"] == {
+        "reward_unsupported": {"trajectories": 1, "count": 1}, "resource_exhaustion": {"trajectories": 1, "count": 1}}
+
+
+def _script_of(traj: dict[str, Any], names: list[str]) -> str:
+    return next(n for n in names if f"# script: {n}\n" in traj["turns"][0]["text"])
