@@ -99,6 +99,8 @@ class VLLMEngine(HTTPEngine):
         super().__init__(urls=urls, **common)
 
     def _check_options(self) -> None:
+        if self.router_url is not None:
+            raise ConfigError("vllm engine: no router_url; give the server URLs (engine.urls), agentrl routes")
         if self.pause_mode not in ("abort", "wait"):
             raise ConfigError(f"engine.pause_mode={self.pause_mode!r}: use 'abort' or 'wait'")
 
