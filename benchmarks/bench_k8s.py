@@ -1,4 +1,4 @@
-"""Kubernetes backend benchmark on the fake API edge (agentrl.testing.fake_k8s) with simulated API latency.
+"""Kubernetes backend benchmark on the fake API edge (tests/k8s/fake_k8s.py) with simulated API latency.
 
 Measures, with real agent processes behind the fake kubelet (so the data plane is real):
 
@@ -22,15 +22,19 @@ import argparse
 import asyncio
 import logging
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from agentrl.sandbox import Sandbox, SandboxSpec
 from agentrl.sandbox.kubernetes.pods import is_ready
 from agentrl.sandbox.kubernetes import KubernetesBackend
-from agentrl.testing.fake_k8s import FakeKubernetes
-from agentrl.testing.fake_kubelet import FakeKubelet
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "k8s"))  # the fake API edge is test code
+from fake_k8s import FakeKubernetes  # noqa: E402
+from fake_kubelet import FakeKubelet  # noqa: E402
 
 SPEC = SandboxSpec(image="agentrl/python:latest", cpus=0.1, memory="128m", disk="64m")
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import aiohttp
 
-from agentrl.engine import sglang_http
+from agentrl.engine import http as engine_http
 from agentrl.engine.sglang import ROUTING_HEADER, SGLangEngine
 from agentrl.types import SamplingParams
 
@@ -99,7 +99,7 @@ async def bare_round(session: aiohttp.ClientSession, url: str, body: dict[str, A
 
 async def main(a: argparse.Namespace) -> None:
     if a.stdlib_json:
-        sglang_http.orjson = None  # read at every call: agentrl's transport falls back to the json module
+        engine_http.orjson = None  # read at every call: agentrl's transport falls back to the json module
     port = a.port
     proc = start_server(port, echo_model_dir())
     url = f"http://127.0.0.1:{port}"
@@ -132,7 +132,7 @@ async def main(a: argparse.Namespace) -> None:
 def report(times: dict[str, list[tuple[float, float]]], a: argparse.Namespace) -> None:
     wall = {k: [w / a.requests * 1e6 for w, _ in v] for k, v in times.items()}
     cpu = {k: [c / a.requests * 1e6 for _, c in v] for k, v in times.items()}
-    codec = "json (stdlib)" if sglang_http.orjson is None else "orjson"
+    codec = "json (stdlib)" if engine_http.orjson is None else "orjson"
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {a.rounds} rounds x {a.requests} requests, "
           f"{a.concurrency} in flight, {a.prompt_tokens}-token prompts, stand-in --echo; agentrl JSON: {codec}\n")
     print("| client | wall us/request (median) | wall (best) | client CPU us/request (median) | CPU (best) |")

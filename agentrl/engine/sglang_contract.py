@@ -1,14 +1,12 @@
 """SGLang's own JSON contract for `/generate` bodies, used by the stand-in server to judge requests like SGLang does.
 
-Owns: finding SGLang 0.5.23's generated contract module (`sglang/api/v1/api_types.py`), loading it WITHOUT importing
-the `sglang` package (its `__init__` pulls in torch 2.14 and patches transformers), fetching it once from PyPI into
-the agentrl cache, and a hand-written fallback validator used only when the real contract is unavailable.
-
-Where the contract comes from, first hit wins:
+Owns: loading SGLang 0.5.23's generated contract module (`sglang/api/v1/api_types.py`) WITHOUT importing the
+`sglang` package (its `__init__` pulls in torch 2.14 and patches transformers), and a hand-written fallback validator
+used only when the real contract is unavailable. Finding and fetching the file is `server_contract.py`'s (`CONTRACT`):
 
     $AGENTRL_SGLANG_CONTRACT                      a path to an api_types.py
     an installed `sglang` distribution            <site-packages>/sglang/api/v1/api_types.py (located, not imported)
-    <cache>/sglang/0.5.23/api_types.py            written by `fetch_contract()`
+    <cache>/sglang/0.5.23/sglang/api/v1/...       written by `fetch_contract()`
                                                   (`python -m agentrl.engine.sglang_contract fetch`)
 
 The module needs only `msgspec`. SGLang's HTTP server answers a violating body with HTTP 400 `{"error": <text>}`,
@@ -18,24 +16,20 @@ where <text> is `str(JsonContractError)`; `GenerateValidator.check(body)` return
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.engine.models import default_cache_dir
+from agentrl.engine.server_contract import ServerContract
 from agentrl.errors import MissingDependencyError
 
 SGLANG_VERSION = "0.5.23"
 CONTRACT_MEMBER = "sglang/api/v1/api_types.py"
 ENV_VAR = "AGENTRL_SGLANG_CONTRACT"
 FETCH_COMMAND = "python -m agentrl.engine.sglang_contract fetch"
+CONTRACT = ServerContract("sglang", SGLANG_VERSION, (CONTRACT_MEMBER,), ENV_VAR, FETCH_COMMAND, "SGLang's API contract")
 
 #: SGLang 0.5.23 `SamplingParams` fields, in contract order (only for the fallback validator's messages).
 SAMPLING_FIELDS = (
@@ -61,23 +55,10 @@ class GenerateValidator:
         return not self.source.startswith("fallback")
 
 
-def cached_contract_path(cache_dir: Path | None = None) -> Path:
-    root = cache_dir if cache_dir is not None else default_cache_dir().parent
-    return root / "sglang" / SGLANG_VERSION / "api_types.py"
-
-
 def find_contract(cache_dir: Path | None = None) -> Path | None:
     """The contract file from the env var, an installed sglang, or the cache (see module docstring); None if absent."""
-    explicit = os.environ.get(ENV_VAR)
-    if explicit:
-        return Path(explicit) if Path(explicit).is_file() else None
-    spec = importlib.util.find_spec("sglang")  # locating a top-level package does not execute its __init__
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        candidate = Path(location) / "api" / "v1" / "api_types.py"
-        if candidate.is_file():
-            return candidate
-    cached = cached_contract_path(cache_dir)
-    return cached if cached.is_file() else None
+    files = CONTRACT.find(cache_dir)
+    return files[CONTRACT_MEMBER] if files else None
 
 
 def load_contract(path: Path) -> Any:
@@ -94,13 +75,12 @@ def load_contract(path: Path) -> Any:
 
 def generate_validator(cache_dir: Path | None = None) -> GenerateValidator:
     """The real contract when it can be found and loaded, else the fallback (its `source` says why)."""
-    path = find_contract(cache_dir)
-    if path is None:
-        return GenerateValidator(_fallback_check, f"fallback (contract not found: run `{FETCH_COMMAND}`)")
-    try:
-        module = load_contract(path)
-    except MissingDependencyError as exc:
-        return GenerateValidator(_fallback_check, f"fallback ({exc})")
+    return CONTRACT.validator(_real_validator, lambda why: GenerateValidator(_fallback_check, why), cache_dir)
+
+
+def _real_validator(files: dict[str, Path]) -> GenerateValidator:
+    path = files[CONTRACT_MEMBER]
+    module = load_contract(path)
     request, error = module.GenerateRequest, module.JsonContractError
 
     def check(body: Any) -> str | None:  # the body of sglang/srt/entrypoints/api_contract.py, verbatim
@@ -114,29 +94,8 @@ def generate_validator(cache_dir: Path | None = None) -> GenerateValidator:
 
 
 def fetch_contract(cache_dir: Path | None = None) -> Path:
-    """Download the sglang wheel (no dependencies) from the package index and keep only the contract file.
-
-    Blocking (a subprocess + a 40 MB download): for set-up scripts and test fixtures, never inside async code.
-    """
-    target = cached_contract_path(cache_dir)
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="agentrl-sglang-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-               f"sglang=={SGLANG_VERSION}", "-d", tmp]
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-        wheels = sorted(Path(tmp).glob("sglang-*.whl"))
-        if result.returncode != 0 or not wheels:
-            raise MissingDependencyError(
-                f"could not download sglang=={SGLANG_VERSION} to extract its API contract "
-                f"({result.stderr.strip()[-500:]}); or set {ENV_VAR} to an api_types.py")
-        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(CONTRACT_MEMBER) as src:
-            partial = target.with_suffix(".tmp")
-            with partial.open("wb") as dst:
-                shutil.copyfileobj(src, dst)
-        os.replace(partial, target)
-    return target
+    """Download the sglang wheel (no dependencies, ~40 MB) and keep only the contract file; its path. Blocking."""
+    return CONTRACT.fetch(cache_dir) / CONTRACT_MEMBER
 
 
 # -- fallback: the subset of the contract agentrl's client uses, with the same error texts -----------------------
@@ -186,14 +145,5 @@ def _describe(v: Any) -> str:
     return "sequence" if isinstance(v, list) else "map" if isinstance(v, dict) else type(v).__name__
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args != ["fetch"]:
-        print(f"usage: {FETCH_COMMAND}", file=sys.stderr)
-        return 2
-    print(fetch_contract())
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(CONTRACT.main())

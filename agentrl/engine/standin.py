@@ -1,9 +1,11 @@
 """Stand-in SGLang server: the subset of SGLang 0.5.23's native HTTP API that agentrl uses, over the LocalEngine.
 
-Owns: an aiohttp.web app that answers like an SGLang worker (same paths, bodies, status codes and error texts), so
-the `sglang` engine, sglang-router and the weight-sync path are exercised on a CPU. Every `/generate` body is
-judged by SGLang's own generated contract (`sglang_contract.py`): a wrong field is the same HTTP 400 with the same
-text as on the real server. Does not own generation (LocalEngine) or the contract itself.
+The SGLang face of the one stand-in server (`standin_core.StandInCore`, which owns the in-flight table, aborts, the
+resume gate, weight labels, the request log, the TCP server and `serve`). Owns: the aiohttp routes that answer like
+an SGLang worker (same paths, bodies, status codes and error texts), so the `sglang` engine, sglang-router and the
+weight-sync path are exercised on a CPU. Every `/generate` body is judged by SGLang's own generated contract
+(`sglang_contract.py`): a wrong field is the same HTTP 400 with the same text as on the real server. Does not own
+generation (LocalEngine) or the contract itself.
 
     POST /generate                 input_ids only (token in), one sequence, non-streamed; return_logprob
     POST /update_weights_from_disk model_path, weight_version, abort_all_requests (LocalEngine drains the rest)
@@ -25,9 +27,7 @@ token (the last input id) without a model, so a client's own overhead can be mea
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -36,9 +36,12 @@ from typing import Any
 
 from aiohttp import web
 
-from agentrl.engine.sglang_contract import SGLANG_VERSION, GenerateValidator
+from agentrl.engine.sglang_contract import SGLANG_VERSION, GenerateValidator, generate_validator
+from agentrl.engine.standin_core import StandInCore, StandInServer, json_object, serve_face
 from agentrl.errors import ConfigError
 from agentrl.types import Generation, SamplingParams
+
+__all__ = ["StandIn", "StandInServer", "serve"]
 
 log = logging.getLogger("agentrl.engine.standin")
 
@@ -50,13 +53,6 @@ _UNSUPPORTED = ("stop", "stop_regex", "json_schema", "regex", "ebnf", "structura
                 "beam_width", "watermark")
 _FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
             "requests, the operation will not be performed.)\n")
-
-
-@dataclass(eq=False)
-class _InFlight:
-    rid: str
-    task: asyncio.Task[Generation]
-    abort_message: str | None = None
 
 
 @dataclass
@@ -71,32 +67,23 @@ class _Request:
     stop_ids: list[int] = field(default_factory=list)
 
 
-class StandIn:
-    """The app's state. `engine` is a LocalEngine (None only with `echo=True`)."""
+class StandIn(StandInCore):
+    """The SGLang face. `engine` is a LocalEngine (None only with `echo=True`)."""
+
+    server = "SGLang"
+    checked_path = "/generate"
 
     def __init__(self, engine: Any, *, model_path: str | Path, validator: GenerateValidator, worker_id: str,
                  weight_version: str = "default", tokenizer: Any = None, echo: bool = False,
                  context_window: int | None = None, max_log: int = 100_000) -> None:
         if engine is None and not echo:
             raise ConfigError("stand-in: an engine is required unless echo=True")
-        self.engine = engine
-        self.model_path = str(model_path)
-        self.validator = validator
-        self.worker_id = worker_id
-        self.tokenizer = tokenizer
+        super().__init__(engine, model_path=model_path, validator=validator, worker_id=worker_id, tokenizer=tokenizer,
+                         context_window=context_window, label=weight_version, max_log=max_log)
         self.echo = echo
-        self.context_window = context_window or (engine.context_window if engine is not None else 4096)
-        self.request_log: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_log)
-        self._labels = {engine.weight_version if engine is not None else 0: weight_version}
-        self._label = weight_version
-        self._inflight: dict[str, _InFlight] = {}
-        self._resumed = asyncio.Event()
-        self._resumed.set()
         self._started = time.time()
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=512 * 2**20)
-        r = app.router
+    def routes(self, r: web.UrlDispatcher) -> None:
         r.add_post("/generate", self.generate)
         r.add_put("/generate", self.generate)
         r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
@@ -110,12 +97,6 @@ class StandIn:
             r.add_get(path, self.model_info)
         for path in ("/server_info", "/get_server_info"):
             r.add_get(path, self.server_info)
-        r.add_get("/agentrl/requests", self.requests)
-        return app
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._inflight)
 
     # ------------------------------------------------------------------------------------------- /generate
     async def generate(self, request: web.Request) -> web.Response:
@@ -136,24 +117,12 @@ class StandIn:
             gen = Generation(output_ids=[req.ids[-1]], logprobs=[-0.5], finish_reason="length",
                              weight_version=0)
             return web.json_response(self._answer(req, gen, None, t0))
-        session = req.routing_key or req.rid
-        entry = _InFlight(req.rid, asyncio.ensure_future(self.engine.generate(req.ids, req.sampling,
-                                                                                session_id=session)))
-        self._inflight[req.rid] = entry
         try:
-            await asyncio.wait({entry.task})
-        finally:
-            self._inflight.pop(req.rid, None)
-            if not entry.task.done():  # the client went away: stop generating for it (SGLang does the same)
-                entry.task.cancel()
-        if entry.task.cancelled():
-            gen = Generation(output_ids=[], logprobs=[], finish_reason="abort",
-                             weight_version=self.engine.weight_version)
-            return web.json_response(self._answer(req, gen, entry.abort_message or "Aborted", t0))
-        exc = entry.task.exception()
-        if exc is not None:
+            gen, aborted = await self._generate(req.rid, req.ids, req.sampling, req.routing_key or req.rid)
+        except Exception as exc:  # noqa: BLE001 - the engine's error, answered like SGLang
             return _error(str(exc), status=400 if isinstance(exc, ConfigError) else 500)
-        return web.json_response(self._answer(req, entry.task.result(), None, t0))
+        return web.json_response(self._answer(req, gen, (aborted or "Aborted") if gen.finish_reason == "abort"
+                                              else None, t0))
 
     def _admit(self, body: dict[str, Any], routing_key: str | None) -> _Request:
         """What SGLang checks after the contract (GenerateReqInput, SamplingParams.verify, context length)."""
@@ -216,7 +185,7 @@ class StandIn:
             finish = {"type": "length", "length": len(gen.output_ids)}
         else:
             finish = {"type": "abort", "message": abort, "status_code": None, "err_type": None}
-        label = self._labels.get(gen.weight_version, self._label)
+        label = self._label_of(gen.weight_version)
         meta: dict[str, Any] = {
             "id": req.rid, "finish_reason": finish, "prompt_tokens": len(req.ids),
             "completion_tokens": len(gen.output_ids), "cached_tokens": gen.cached_tokens, "reasoning_tokens": 0,
@@ -224,44 +193,42 @@ class StandIn:
         }
         if req.return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(gen.logprobs, gen.output_ids)]
-        self._record(req, gen, label)
+        self._log(req, gen, label)
         text = self.tokenizer.decode(gen.output_ids) if self.tokenizer is not None and gen.output_ids else ""
         return {"text": text, "output_ids": gen.output_ids, "meta_info": meta}
 
-    def _record(self, req: _Request, gen: Generation, label: str) -> None:
-        entry = {"rid": req.rid, "worker": self.worker_id, "routing_key": req.routing_key,
-                 "prompt_tokens": len(req.ids), "cached_tokens": gen.cached_tokens,
-                 "completion_tokens": len(gen.output_ids), "finish": gen.finish_reason, "weight_version": label}
-        self.request_log.append(entry)
+    def _log(self, req: _Request, gen: Generation, label: str) -> None:
+        self._record({"rid": req.rid, "routing_key": req.routing_key, "prompt_tokens": len(req.ids),
+                      "cached_tokens": gen.cached_tokens, "completion_tokens": len(gen.output_ids),
+                      "finish": gen.finish_reason, "weight_version": label})
         log.info("generate rid=%s worker=%s key=%s prompt=%d cached=%d out=%d finish=%s version=%s", req.rid,
                  self.worker_id, req.routing_key, len(req.ids), gen.cached_tokens, len(gen.output_ids),
                  gen.finish_reason, label)
 
     # ------------------------------------------------------------------------------------------- control
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
-        body = await _json_object(request)
+        body = await json_object(request)
         if not isinstance(body.get("model_path"), str) or self.engine is None:
             return web.json_response({"success": False, "message": "model_path (a string) is required",
                                       "num_paused_requests": 0}, status=400)
         if body.get("abort_all_requests"):
             self._abort("", abort_all=True, message="Abort due to weight update")
         label = body.get("weight_version")
-        version = max(self._labels) + 1
         try:
-            await self.engine.update_weights(body["model_path"], version)
+            version = await self._load_weights(body["model_path"])
         except Exception as exc:  # noqa: BLE001 - reported like SGLang: 400 with success=false, old weights kept
             return web.json_response({"success": False, "num_paused_requests": 0,
                                       "message": f"Failed to update weights: {exc}. Rolled back to the previous "
                                                  "weights."}, status=400)
-        self._label = str(label) if label is not None else self._label
-        self._labels[version] = self._label
+        self.label = str(label) if label is not None else self.label
+        self._labels[version] = self.label
         message = "Succeeded to update model weights."
         if label is not None:
             message += f" Weight version updated to {label}."
         return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
 
     async def pause_generation(self, request: web.Request) -> web.Response:
-        mode = (await _json_object(request)).get("mode", "abort")
+        mode = (await json_object(request)).get("mode", "abort")
         if mode not in ("abort", "retract", "in_place"):
             return _error(f"invalid pause mode {mode!r}: use abort, retract or in_place")
         self._resumed.clear()
@@ -274,22 +241,18 @@ class StandIn:
         return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     async def abort_request(self, request: web.Request) -> web.Response:
-        body = await _json_object(request)
+        body = await json_object(request)
         self._abort(str(body.get("rid") or ""), abort_all=bool(body.get("abort_all")), message="Aborted by request")
         return web.Response(status=200)
 
     def _abort(self, rid: str, *, abort_all: bool, message: str) -> None:
-        for entry in list(self._inflight.values()):
-            if abort_all or (rid and entry.rid.startswith(rid)):  # SGLang matches rids by prefix
-                entry.abort_message = message
-                entry.task.cancel()
+        self._abort_where(lambda r: abort_all or bool(rid and r.startswith(rid)), message)  # SGLang: rid prefixes
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         if self._inflight:
             return web.Response(status=400, text=f"Cache not flushed because there are pending requests. "
                                                  f"#queue-req: 0, #running-req: {len(self._inflight)}")
-        if self.engine is not None:  # passing the engine its own model only clears the prefix cache
-            await self.engine.update_weights(self.engine.model, self.engine.weight_version)
+        await self._clear_prefix_cache()
         return web.Response(text=_FLUSHED)
 
     async def health(self, request: web.Request) -> web.Response:
@@ -306,7 +269,7 @@ class StandIn:
     async def model_info(self, request: web.Request) -> web.Response:
         return web.json_response({
             "model_path": self.model_path, "served_model_name": self.model_path, "tokenizer_path": self.model_path,
-            "is_generation": True, "preferred_sampling_params": None, "weight_version": self._label,
+            "is_generation": True, "preferred_sampling_params": None, "weight_version": self.label,
             "load_format": "auto", "reasoning_parser": None, "tool_call_parser": None, "disaggregation_mode": "null",
             "has_image_understanding": False, "has_audio_understanding": False,
         })
@@ -315,92 +278,21 @@ class StandIn:
         return web.json_response({
             "model_path": self.model_path, "context_length": self.context_window,
             "max_req_input_len": self.context_window - 6, "max_total_num_tokens": self.context_window,
-            "weight_version": self._label, "version": SGLANG_VERSION, "frontend": "agentrl-standin",
+            "weight_version": self.label, "version": SGLANG_VERSION, "frontend": "agentrl-standin",
             "worker_id": self.worker_id, "contract": self.validator.source, "startup_time": self._started,
             "enable_deterministic_inference": bool(getattr(self.engine, "deterministic", False)),
             "internal_states": [{}],
         })
-
-    async def requests(self, request: web.Request) -> web.Response:
-        return web.json_response(list(self.request_log))
-
-
-class StandInServer:
-    """Runs a StandIn app on a TCP socket: `url = await server.start()`, `await server.stop()`."""
-
-    def __init__(self, standin: StandIn, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.standin, self.host, self.port = standin, host, port
-        self._runner: web.AppRunner | None = None
-
-    async def start(self) -> str:
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
-        self._runner = web.AppRunner(self.standin.app(), handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
-        return self.url
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
 
 
 def _error(message: str, status: int = 400) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)  # SGLang's _create_error_response
 
 
-async def _json_object(request: web.Request) -> dict[str, Any]:
-    if not request.can_read_body:
-        return {}
-    try:
-        body = await request.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
 async def serve(model: str | None, *, host: str = "127.0.0.1", port: int = 30000, worker_id: str | None = None,
                 max_batch_size: int = 16, context_window: int | None = None, seed: int | None = None,
                 weight_version: str = "default", echo: bool = False, deterministic: bool = False) -> None:
     """`agentrl engine serve`: load the model, serve until cancelled (Ctrl-C / SIGTERM), then close the engine."""
-    from agentrl.engine.models import resolve_model
-    from agentrl.engine.sglang_contract import generate_validator
-
-    path = resolve_model(model)
-    validator = generate_validator()
-    if not validator.is_real:
-        log.warning("stand-in: %s; /generate bodies are checked by a hand-written subset of the contract",
-                    validator.source)
-    engine = None
-    if not echo:
-        from agentrl.engine.local import LocalEngine
-
-        engine = await asyncio.to_thread(LocalEngine, path, max_batch_size=max_batch_size,
-                                         context_window=context_window, seed=seed, deterministic=deterministic)
-    tokenizer = None if echo else await asyncio.to_thread(_load_tokenizer, path)
-    standin = StandIn(engine, model_path=path, validator=validator, worker_id=worker_id or f"{host}:{port}",
-                      weight_version=weight_version, tokenizer=tokenizer, echo=echo, context_window=context_window)
-    server = StandInServer(standin, host, port)
-    try:
-        url = await server.start()
-        print(f"agentrl stand-in SGLang server on {url} (worker {standin.worker_id}, model {path}, "
-              f"/generate checked by {validator.source})", flush=True)
-        await asyncio.Event().wait()
-    finally:
-        await server.stop()
-        if engine is not None:
-            await engine.close()
-
-
-def _load_tokenizer(path: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
+    await serve_face(StandIn, generate_validator, model, host=host, port=port, worker_id=worker_id,
+                     max_batch_size=max_batch_size, context_window=context_window, seed=seed,
+                     deterministic=deterministic, echo=echo, weight_version=weight_version)

@@ -1,26 +1,18 @@
 """VLLMEngine: the GenerationEngine for vLLM servers, token in / token out over vLLM's OpenAI-compatible HTTP API.
 
-Owns: the `/v1/completions` request (exact vLLM 0.33.0 names, see `_body`), reading ids + logprobs + weight-version
-spans + finish reason + cached tokens of every turn, mapping agentrl's SamplingParams onto vLLM's (refusing what vLLM
-would silently change), clamping `max_tokens` to the context window, retries, sticky per-trajectory routing over
-several servers (the SGLang client's `WorkerRouter`), and the control calls (weight reload from disk, pause/resume,
-weight-version label, prefix-cache reset, health), which go to every server. Does not own tokenization (the
-runner's), the HTTP pool (`sglang_http.Transport`, shared) or the worker choice (`sglang_routing.WorkerRouter`).
+A thin face of `http_engine.HTTPEngine` (which owns the generate loop, retries, sticky routing over several servers,
+the update gate and the fan-out of control calls). Owns: the `/v1/completions` request (exact vLLM 0.33.0 names, see
+`_body`), reading ids + logprobs + weight-version spans + finish reason + cached tokens of every turn, mapping
+agentrl's SamplingParams onto vLLM's (refusing what vLLM would silently change), and vLLM's control endpoints
+(weight reload from disk, pause/resume, weight-version label, prefix-cache reset, health), which go to every server.
 
 Why `/v1/completions` and not TRL's `trl vllm-serve` (see docs/vllm.md): in TRL 1.16 `trl vllm-serve` only execs
 `vllm serve` with RL flags; its `/generate/` and `/update_named_param/` endpoints are gone, and TRL's VLLMClient
 itself generates through `/v1/completions` and pushes weights over NCCL (CUDA only, trainer joins the server's
 process group). agentrl syncs from disk, so it uses vLLM's dev-mode control endpoints instead.
 
-One generate call, by attempt:
-
-    wait while our own weight update runs -> pick a server (sticky) -> POST /v1/completions, fresh request_id
-      ok, finish stop|length, one weight version  -> Generation (tagged with that version, cached tokens)
-      ok, finish abort, or spans of two versions  -> re-submit (the whole turn is generated again)
-      transient (refused, reset, timeout, 408/429/5xx, incl. 503 while the server is paused) -> unpin, back off, retry
-      other 4xx                                   -> VLLMHTTPError at once, with vLLM's message
-    after `retries` re-submissions: an abort is returned as finish_reason "abort" (the runner never stores it as a
-    turn: the trajectory becomes infra_error and is retried); a transient failure raises EngineUnavailableError.
+A generation that is aborted or spans two weight versions is re-submitted; a 503 while the server is paused is
+transient (retried); other 4xx are a VLLMHTTPError at once, with vLLM's message.
 
 Weight update (`update_weights(path, version)`), on every server, while our new requests wait locally:
     POST /pause?mode=abort|wait -> POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": path}}
@@ -32,52 +24,41 @@ These endpoints exist only with VLLM_SERVER_DEV_MODE=1 (vLLM 0.33.0: rl/online/a
 from __future__ import annotations
 
 import asyncio
-import logging
-import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
-from agentrl.engine.sglang import checkpoint_facts  # noqa: F401 - re-exported: the same checkpoint rule applies
-from agentrl.engine.sglang import _clean_url, _turn_seed
-from agentrl.engine.sglang_http import Limits, SGLangHTTPError, TransientError, Transport
-from agentrl.engine.sglang_routing import WorkerRouter
-from agentrl.engine.server_weights import ServerWeights
-from agentrl.errors import ConfigError, EngineError, EngineUnavailableError
+from agentrl.engine.http import Errors, ServerHTTPError, TransientError
+from agentrl.engine.http_engine import (
+    EngineStats,
+    HTTPEngine,
+    checkpoint_facts,
+    read_server_json,
+    turn_seed,
+)
+from agentrl.errors import ConfigError, EngineError
 from agentrl.types import Generation, SamplingParams
 
-log = logging.getLogger("agentrl.engine.vllm")
+__all__ = ["VLLMEngine", "VLLMHTTPError", "VLLMUnavailableError", "vllm_sampling", "read_served_model",
+           "checkpoint_facts"]
 
 VLLM_VERSION = "0.33.0"  # the server version this client is written against (request names, endpoints)
 SESSION_HEADER = "X-Session-ID"  # vLLM's own session header (generate/base/serving.py); body `session_id` wins
-DEFAULT_VERSION_LABEL = "default"  # vLLM's weight-version label before any update (v1/engine/core.py)
 MIN_TEMPERATURE = 1e-2  # vLLM raises any 0 < T < 0.01 to 0.01 (sampling_params._MAX_TEMP); refused here
 MAX_TEMPERATURE = 2.0  # vLLM 0.33 refuses T > 2 (SamplingParams._verify_args)
 
 
-class VLLMHTTPError(EngineError):
+class VLLMHTTPError(ServerHTTPError):
     """The server answered and refused: `status`, the URL, and vLLM's own message. Retrying cannot help."""
 
-    def __init__(self, url: str, status: int, message: str) -> None:
-        self.url, self.status, self.message = url, status, message
-        super().__init__(f"vLLM {url} answered HTTP {status}: {message}")
+    server = "vLLM"
 
 
-class VLLMUnavailableError(EngineUnavailableError):
+class VLLMUnavailableError(TransientError):
     """Transient: refused / reset / timeout / 408, 429, 5xx (incl. 503 while paused). May succeed if repeated."""
 
-    def __init__(self, url: str, reason: str, status: int | None = None) -> None:
-        self.url, self.reason, self.status = url, reason, status
-        super().__init__(f"vLLM {url}: {reason}")
+    server = "vLLM"
 
 
-@dataclass
-class VLLMStats:
-    requests: int = 0  # /v1/completions requests sent (attempts)
-    retried_transient: int = 0
-    retried_aborted: int = 0  # aborted or straddling generations re-submitted
-    returned_aborted: int = 0
-    weight_updates: int = 0
+VLLMStats = EngineStats
 
 
 def vllm_sampling(sampling: SamplingParams) -> dict[str, Any]:
@@ -97,122 +78,33 @@ def vllm_sampling(sampling: SamplingParams) -> dict[str, Any]:
             "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
-class VLLMEngine(ServerWeights):
+class VLLMEngine(HTTPEngine):
     """See the module docstring. `urls`: vLLM servers (`vllm serve`, VLLM_SERVER_DEV_MODE=1 for weight updates);
     agentrl pins each trajectory to one of them."""
 
     name = "vllm"
+    server = "vLLM"
+    worker_noun = "servers"
+    version_fix = "POST /update_weight_version to reset it"
+    errors = Errors(VLLMHTTPError, VLLMUnavailableError)
+    generate_path = "/v1/completions"
+    request_id_field = "request_id"
+    session_header = SESSION_HEADER
+    health_path = "/health"
 
-    def __init__(
-        self,
-        *,
-        urls: Sequence[str],
-        eos_token_ids: Sequence[int] = (),
-        context_window: int | None = None,
-        model_path: str | None = None,
-        served_model: str | None = None,
-        max_connections: int = 256,
-        request_timeout_s: float = 600.0,
-        connect_timeout_s: float = 10.0,
-        control_timeout_s: float = 600.0,
-        retries: int = 3,
-        retry_backoff_s: float = 0.5,
-        pause_mode: Literal["abort", "wait"] = "abort",
-        max_sessions: int = 100_000,
-        initial_weight_version: int = 0,
-    ) -> None:
-        self._workers = [_clean_url(u, "engine.urls") for u in urls]
-        if not self._workers:
-            raise ConfigError("vllm engine: give the server URLs (engine.urls / --engine-url)")
-        if pause_mode not in ("abort", "wait"):
-            raise ConfigError(f"engine.pause_mode={pause_mode!r}: use 'abort' or 'wait'")
-        if retries < 0 or request_timeout_s <= 0 or max_connections < 1:
-            raise ConfigError("vllm engine: retries >= 0, request_timeout_s > 0 and max_connections >= 1 required")
-        self.eos_token_ids = [int(i) for i in eos_token_ids]
-        self.model_path = model_path
+    def __init__(self, *, urls: Any, served_model: str | None = None,
+                 pause_mode: Literal["abort", "wait"] = "abort", **common: Any) -> None:
         self.served_model = served_model
-        self.control_timeout_s = control_timeout_s
-        self.retries = retries
-        self.retry_backoff_s = retry_backoff_s
         self.pause_mode = pause_mode
-        self.stats = VLLMStats()
-        self._context_window = context_window
-        self._version = initial_weight_version
-        self._initial_version = initial_weight_version
-        self._transport = Transport(Limits(max_connections=max_connections, connect_timeout_s=connect_timeout_s,
-                                           request_timeout_s=request_timeout_s))
-        self._router = WorkerRouter(self._workers, max_sessions=max_sessions)
-        self._init_server_state()
+        super().__init__(urls=urls, **common)
 
-    # ------------------------------------------------------------------------------------------- properties
-    @property
-    def in_flight(self) -> dict[str, int]:
-        return dict(self._router.in_flight)
+    def _check_options(self) -> None:
+        if self.router_url is not None:
+            raise ConfigError("vllm engine: no router_url; give the server URLs (engine.urls), agentrl routes")
+        if self.pause_mode not in ("abort", "wait"):
+            raise ConfigError(f"engine.pause_mode={self.pause_mode!r}: use 'abort' or 'wait'")
 
-    def worker_of(self, session_id: str) -> str | None:
-        return self._router.worker_of(session_id)
-
-    # ------------------------------------------------------------------------------------------- lifecycle
-    async def connect(self) -> None:
-        """Read GET /v1/models (served name, max_model_len), /version and /weight_info of every server.
-        Idempotent; `generate` and the control calls run it on first use."""
-        if self._connected:
-            return
-        if self._connect_lock is None:
-            self._connect_lock = asyncio.Lock()
-        async with self._connect_lock:
-            if self._connected:
-                return
-            infos = await asyncio.gather(*(self._worker_info(u) for u in self._workers))
-            self._adopt(dict(zip(self._workers, infos)))
-            self._connected = True
-
-    async def close(self) -> None:
-        await self._transport.close()
-
-    def end_session(self, session_id: str) -> None:
-        """The trajectory is over: forget its sticky server (otherwise dropped least-recently-used)."""
-        self._router.forget(session_id)
-
-    def info(self) -> dict[str, Any]:
-        return {"engine": self.name, "model": self.model_path, "workers": list(self._workers), **self._server}
-
-    # ------------------------------------------------------------------------------------------- generate
-    async def generate(self, input_ids: list[int], sampling: SamplingParams, *, session_id: str) -> Generation:
-        ids = input_ids if type(input_ids) is list else list(input_ids)
-        if not ids:
-            raise ConfigError("generate: input_ids is empty; render at least one prompt token")
-        if not self._connected:
-            await self.connect()
-        max_new = min(sampling.max_new_tokens, self.context_window - len(ids))
-        if max_new <= 0:
-            return Generation(output_ids=[], logprobs=[], finish_reason="length", weight_version=self._version)
-        body = self._body(ids, sampling, max_new, session_id)
-        last: Generation | VLLMUnavailableError | None = None
-        for attempt in range(self.retries + 1):
-            if isinstance(last, VLLMUnavailableError):
-                self.stats.retried_transient += 1
-                await asyncio.sleep(self._backoff(attempt))
-            elif isinstance(last, Generation):
-                self.stats.retried_aborted += 1
-            await self._wait_gate()
-            url = self._router.pick(session_id)
-            try:
-                gen = await self._generate_once(url, body, session_id)
-            except VLLMUnavailableError as exc:
-                log.warning("vllm /v1/completions attempt %d/%d failed: %s", attempt + 1, self.retries + 1, exc)
-                self._router.failed(url, session_id)
-                last = exc
-                continue
-            if gen.finish_reason != "abort":
-                return gen
-            last = gen
-        if isinstance(last, Generation):
-            self.stats.returned_aborted += 1
-            return last
-        raise EngineUnavailableError(f"vllm /v1/completions failed {self.retries + 1} times (retries={self.retries});"
-                                     f" last: {last}")
-
+    # ------------------------------------------------------------------------------------------- request/answer
     def _body(self, ids: list[int], sampling: SamplingParams, max_new: int, session_id: str) -> dict[str, Any]:
         """The /v1/completions body with vLLM 0.33's exact names (an unknown name is IGNORED by vLLM, so a typo
         would change sampling silently: the stand-in refuses unknown names). Ids come back in `token_ids`
@@ -229,16 +121,8 @@ class VLLMEngine(ServerWeights):
         if self.served_model:
             body["model"] = self.served_model
         if sampling.seed is not None and not sampling.greedy:  # vLLM seeds a per-request generator
-            body["seed"] = _turn_seed(sampling.seed, session_id, len(ids))
+            body["seed"] = turn_seed(sampling.seed, session_id, len(ids))
         return body
-
-    async def _generate_once(self, url: str, body: dict[str, Any], session_id: str) -> Generation:
-        payload = {**body, "request_id": uuid.uuid4().hex}
-        self.stats.requests += 1
-        with self._router.track(url):
-            data = await self._request("POST", f"{url}/v1/completions", body=payload,
-                                       headers={SESSION_HEADER: session_id}, timeout_s=None)
-        return self._parse(data, url)
 
     def _parse(self, data: Any, url: str) -> Generation:
         """Read one non-streamed /v1/completions answer (one choice) into a Generation."""
@@ -305,62 +189,13 @@ class VLLMEngine(ServerWeights):
         await self.connect()
         await self._on_workers("POST", "/resume")
 
-    async def health(self) -> bool:
-        """True when every server answers GET /health with 200."""
-        try:
-            await self.connect()
-            await self._on_workers("GET", "/health", retries=0, timeout_s=30.0)
-        except EngineError as exc:
-            log.warning("vllm health check failed: %s", exc)
-            return False
-        return True
-
     async def weight_infos(self) -> dict[str, Any]:
         await self.connect()
         return await self._on_workers("GET", "/weight_info")
 
-    async def _on_workers(self, method: str, path: str, body: Any = None, *, retries: int | None = None,
-                          timeout_s: float | None = None) -> dict[str, Any]:
-        """Call `path` on every server concurrently; wait for all, then raise one error naming each failure."""
-        urls = list(self._workers)
-        results = await asyncio.gather(
-            *(self._call(method, f"{u}{path}", body, retries=retries, timeout_s=timeout_s) for u in urls),
-            return_exceptions=True)
-        failed = {u: r for u, r in zip(urls, results) if isinstance(r, BaseException)}
-        for r in failed.values():
-            if not isinstance(r, Exception):
-                raise r
-        if failed:
-            detail = "; ".join(f"{u}: {e}" for u, e in failed.items())
-            hint = " (404: start vLLM with VLLM_SERVER_DEV_MODE=1)" if any(
-                isinstance(e, VLLMHTTPError) and e.status == 404 for e in failed.values()) else ""
-            cls = EngineUnavailableError if all(isinstance(e, VLLMUnavailableError) for e in failed.values()) \
-                else EngineError
-            raise cls(f"{method} {path} failed on {len(failed)}/{len(urls)} servers: {detail}{hint}")
-        return {u: r for u, r in zip(urls, results)}
-
-    async def _call(self, method: str, url: str, body: Any = None, *, retries: int | None = None,
-                    timeout_s: float | None = None) -> Any:
-        """One control/metadata request with bounded retries on transient failures."""
-        budget = self.retries if retries is None else retries
-        for attempt in range(budget + 1):
-            try:
-                return await self._request(method, url, body=body, timeout_s=timeout_s or self.control_timeout_s)
-            except VLLMUnavailableError:
-                if attempt >= budget:
-                    raise
-                await asyncio.sleep(self._backoff(attempt + 1))
-        raise AssertionError("unreachable")
-
-    async def _request(self, method: str, url: str, *, body: Any = None, headers: dict[str, str] | None = None,
-                       timeout_s: float | None) -> Any:
-        """The shared transport, its errors relabelled for vLLM."""
-        try:
-            return await self._transport.request(method, url, body=body, headers=headers, timeout_s=timeout_s)
-        except TransientError as exc:
-            raise VLLMUnavailableError(url, exc.reason, exc.status) from None
-        except SGLangHTTPError as exc:
-            raise VLLMHTTPError(url, exc.status, exc.message) from None
+    def _failure_hint(self, failed: dict[str, BaseException]) -> str:
+        return " (404: start vLLM with VLLM_SERVER_DEV_MODE=1)" if any(
+            isinstance(e, VLLMHTTPError) and e.status == 404 for e in failed.values()) else ""
 
     # ------------------------------------------------------------------------------------------- connect
     async def _worker_info(self, url: str) -> dict[str, Any]:
@@ -369,10 +204,8 @@ class VLLMEngine(ServerWeights):
                                                    self._call("GET", f"{url}/version"))
             weight = await self._call("GET", f"{url}/weight_info")
         except VLLMUnavailableError as exc:
-            raise EngineUnavailableError(
-                f"cannot reach vLLM server {url} ({exc.reason}) after {self.retries + 1} attempts: start it "
-                "(VLLM_SERVER_DEV_MODE=1 vllm serve ... or agentrl engine serve --api vllm) or fix engine.urls") \
-                from None
+            raise self._unreachable(url, exc, "VLLM_SERVER_DEV_MODE=1 vllm serve ... or agentrl engine serve --api "
+                                              "vllm") from None
         except VLLMHTTPError as exc:
             if exc.status == 404 and exc.url.endswith("/weight_info"):
                 raise ConfigError(f"vLLM server {url} has no /weight_info: start it with VLLM_SERVER_DEV_MODE=1 "
@@ -386,51 +219,21 @@ class VLLMEngine(ServerWeights):
 
     def _adopt(self, infos: dict[str, dict[str, Any]]) -> None:
         """Take the context window, served model name and weight version the servers report."""
-        windows = [i["card"].get("max_model_len") for i in infos.values()]
-        windows = [int(w) for w in windows if isinstance(w, int) and w > 0]
-        if windows:
-            server_window = min(windows)
-            if self._context_window is not None and self._context_window > server_window:
-                log.warning("engine.context_window=%d exceeds the servers' max_model_len %d; using %d",
-                            self._context_window, server_window, server_window)
-            self._context_window = min(self._context_window or server_window, server_window)
+        self._adopt_window([i["card"].get("max_model_len") for i in infos.values()], "max_model_len")
         names = {i["card"].get("id") for i in infos.values()}
         if self.served_model is None and len(names) == 1:
             self.served_model = next(iter(names))
-        parsed = {u: self._parse_version(i["weight"], u) for u, i in infos.items()}
-        if len(set(parsed.values())) > 1:
-            log.warning("vllm servers report different weight versions %s: a server may have restarted with stale "
-                        "weights; the next update_weights brings them in line", parsed)
-        self._version = max(parsed.values())
+        self._adopt_version({u: i["weight"] for u, i in infos.items()})
         first = next(iter(infos.values()))
         self._server = {"served_model": self.served_model, "server_version": first["version"]}
         if first["version"] and first["version"] != VLLM_VERSION:
-            log.warning("vLLM server version %s; agentrl's vllm client is written against %s", first["version"],
-                        VLLM_VERSION)
-
-    def _parse_version(self, value: Any, url: str) -> int:
-        if value is None or value == DEFAULT_VERSION_LABEL:
-            return self._initial_version
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise EngineError(f"vLLM {url} reports weight version {value!r}, not an integer: agentrl labels weights "
-                              "with integer versions (POST /update_weight_version to reset it)") from None
+            self.log.warning("vLLM server version %s; agentrl's vllm client is written against %s",
+                             first["version"], VLLM_VERSION)
 
 
 def read_served_model(url: str, *, timeout_s: float = 30.0) -> tuple[str, str | None]:
     """(served model id, root path) from GET /v1/models. Blocking: start-up wiring only, never from async code."""
-    import json
-    import urllib.error
-    import urllib.request
-
-    endpoint = f"{_clean_url(url, 'engine URL')}/v1/models"
-    try:
-        with urllib.request.urlopen(endpoint, timeout=timeout_s) as resp:
-            data = json.loads(resp.read())
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise EngineUnavailableError(f"cannot read {endpoint} ({exc}): is the vLLM server up? Or pass --model "
-                                     "with a local copy of the served checkpoint") from None
+    endpoint, data = read_server_json(url, "/v1/models", server="vLLM", timeout_s=timeout_s)
     cards = data.get("data") if isinstance(data, dict) else None
     if not cards:
         raise ConfigError(f"{endpoint} lists no model: pass --model (engine.model)")

@@ -1,8 +1,8 @@
 """vLLM's own request models for `/v1/completions`, used by the stand-in server to judge requests like vLLM does.
 
-Owns: finding vLLM 0.33.0's protocol sources, loading them WITHOUT importing the `vllm` package (its `__init__` pulls
-in torch 2.x builds, CUDA kernels, zmq...), fetching them once from the package index into the agentrl cache, and a
-hand-written fallback used only when the real sources are unavailable.
+Owns: loading vLLM 0.33.0's protocol sources WITHOUT importing the `vllm` package (its `__init__` pulls in torch 2.x
+builds, CUDA kernels, zmq...), and a hand-written fallback used only when the real sources are unavailable. Finding
+and fetching the files is `server_contract.py`'s (`CONTRACT`).
 
 What runs is vLLM's code, verbatim: `CompletionRequest` (vllm/entrypoints/openai/completion/protocol.py, a pydantic
 model, with its `model_validator`s) and `SamplingParams` (vllm/sampling_params.py, whose `_verify_args` rejects
@@ -33,20 +33,15 @@ import ast
 import contextlib
 import importlib.util
 import logging
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import types
 import uuid
-import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.engine.models import default_cache_dir
+from agentrl.engine.server_contract import ServerContract
 from agentrl.errors import MissingDependencyError
 
 VLLM_VERSION = "0.33.0"
@@ -70,6 +65,8 @@ CUT_CLASSES = (
     ("vllm.v1.serial_utils", "vllm/v1/serial_utils.py", "PydanticMsgspecMixin"),
 )
 MEMBERS = tuple(p for _, p in REAL_MODULES) + tuple(p for _, p, _ in CUT_CLASSES)
+CONTRACT = ServerContract("vllm", VLLM_VERSION, MEMBERS, ENV_VAR, FETCH_COMMAND, "vLLM's request models",
+                          fetch_timeout_s=1800)
 
 #: CompletionRequest's sampling-related fields (fallback only: names the fields agentrl's client may send)
 FALLBACK_FIELDS = frozenset({
@@ -94,26 +91,10 @@ class CompletionValidator:
         return not self.source.startswith("fallback")
 
 
-def cached_contract_dir(cache_dir: Path | None = None) -> Path:
-    root = cache_dir if cache_dir is not None else default_cache_dir().parent
-    return root / "vllm" / VLLM_VERSION
-
-
 def find_contract(cache_dir: Path | None = None) -> Path | None:
     """The directory holding `vllm/...` sources (see the module docstring), or None."""
-    explicit = os.environ.get(ENV_VAR)
-    if explicit:
-        return Path(explicit) if _complete(Path(explicit)) else None
-    spec = importlib.util.find_spec("vllm")  # locating a top-level package does not execute its __init__
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        if _complete(Path(location).parent):
-            return Path(location).parent
-    cached = cached_contract_dir(cache_dir)
-    return cached if _complete(cached) else None
-
-
-def _complete(root: Path) -> bool:
-    return all((root / member).is_file() for member in MEMBERS)
+    files = CONTRACT.find(cache_dir)
+    return CONTRACT.root(files) if files else None
 
 
 # -- loading with stubs --------------------------------------------------------------------------------------------
@@ -250,13 +231,12 @@ def _cut_class(path: Path, cls: str) -> str:
 
 def completion_validator(cache_dir: Path | None = None) -> CompletionValidator:
     """vLLM's own models when they can be found and loaded, else the fallback (its `source` says why)."""
-    root = find_contract(cache_dir)
-    if root is None:
-        return CompletionValidator(_fallback_check, f"fallback (vLLM protocol not found: run `{FETCH_COMMAND}`)")
-    try:
-        contract = load_contract(root)
-    except MissingDependencyError as exc:
-        return CompletionValidator(_fallback_check, f"fallback ({exc})")
+    return CONTRACT.validator(_real_validator, lambda why: CompletionValidator(_fallback_check, why), cache_dir)
+
+
+def _real_validator(files: dict[str, Path]) -> CompletionValidator:
+    root = CONTRACT.root(files)
+    contract = load_contract(root)
     request_cls, error_cls = contract.completion_request, contract.validation_error
     names = frozenset(request_cls.model_fields) | frozenset(
         f.alias for f in request_cls.model_fields.values() if f.alias)
@@ -305,32 +285,8 @@ def _validation_message(exc: Any) -> str:
 
 
 def fetch_contract(cache_dir: Path | None = None) -> Path:
-    """Download the vllm wheel (no dependencies, ~340 MB) from the package index and keep only `MEMBERS`.
-
-    Blocking (a subprocess + a download): for set-up scripts and test fixtures, never inside async code.
-    """
-    target = cached_contract_dir(cache_dir)
-    if _complete(target):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="agentrl-vllm-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-               f"vllm=={VLLM_VERSION}", "-d", tmp]
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
-        wheels = sorted(Path(tmp).glob("vllm-*.whl"))
-        if result.returncode != 0 or not wheels:
-            raise MissingDependencyError(
-                f"could not download vllm=={VLLM_VERSION} to extract its request models "
-                f"({result.stderr.strip()[-500:]}); or set {ENV_VAR} to a directory holding vllm/...")
-        partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=target.parent))
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            for member in MEMBERS:
-                (partial / member).parent.mkdir(parents=True, exist_ok=True)
-                with wheel.open(member) as src, (partial / member).open("wb") as dst:
-                    shutil.copyfileobj(src, dst)
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(partial, target)
-    return target
+    """Download the vllm wheel (no dependencies, ~340 MB) and keep only `MEMBERS`; their root. Blocking."""
+    return CONTRACT.fetch(cache_dir)
 
 
 # -- fallback: names and types of the fields agentrl's client sends ----------------------------------------------
@@ -362,14 +318,5 @@ def _fallback_check(body: Any, context_window: int) -> tuple[int, str] | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args != ["fetch"]:
-        print(f"usage: {FETCH_COMMAND}", file=sys.stderr)
-        return 2
-    print(fetch_contract())
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(CONTRACT.main())

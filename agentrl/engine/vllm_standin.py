@@ -1,10 +1,11 @@
 """Stand-in vLLM server: the subset of vLLM 0.33.0's HTTP API that agentrl's `vllm` engine uses, over the LocalEngine.
 
-Owns: an aiohttp.web app that answers like `VLLM_SERVER_DEV_MODE=1 vllm serve` (same paths, bodies, status codes,
-error shape {"error": {"message", "type", "param", "code"}}), so the `vllm` engine and the weight-sync path are
-exercised on a CPU. Every `/v1/completions` body is judged by vLLM's own request models (`vllm_contract.py`:
-CompletionRequest + SamplingParams verification) before anything runs. Does not own generation (LocalEngine), the
-contract, or the TCP server (`standin.StandInServer`, shared with the SGLang stand-in).
+The vLLM face of the one stand-in server (`standin_core.StandInCore`, which owns the in-flight table, aborts, the
+resume gate, weight labels, the request log, the TCP server and `serve`). Owns: the aiohttp routes that answer like
+`VLLM_SERVER_DEV_MODE=1 vllm serve` (same paths, bodies, status codes, error shape {"error": {"message", "type",
+"param", "code"}}), so the `vllm` engine and the weight-sync path are exercised on a CPU. Every `/v1/completions`
+body is judged by vLLM's own request models (`vllm_contract.py`: CompletionRequest + SamplingParams verification)
+before anything runs. Does not own generation (LocalEngine) or the contract.
 
     POST /v1/completions        token-id prompt only, n=1, non-streamed; logprobs 0, return_token_ids,
                                 return_tokens_as_token_ids, return_weight_versions; usage.prompt_tokens_details
@@ -25,22 +26,17 @@ with a 400 naming them rather than ignored.
 from __future__ import annotations
 
 import asyncio
-import collections
-import logging
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from agentrl.engine.standin import StandInServer, _json_object
-from agentrl.engine.vllm_contract import VLLM_VERSION, CompletionValidator
+from agentrl.engine.standin_core import StandInCore, StandInServer, json_object, serve_face
+from agentrl.engine.vllm_contract import VLLM_VERSION, CompletionValidator, completion_validator
 from agentrl.errors import ConfigError
 from agentrl.types import Generation, SamplingParams
-
-log = logging.getLogger("agentrl.engine.vllm_standin")
 
 SESSION_HEADER = "X-Session-ID"
 #: CompletionRequest fields the stand-in honours, with the values at which it can serve them (others: refused)
@@ -56,38 +52,22 @@ _EMPTY_OK = {"stop": ([], None, ""), "bad_words": ([], None)}
 __all__ = ["VLLMStandIn", "StandInServer", "serve"]
 
 
-@dataclass(eq=False)
-class _InFlight:
-    request_id: str
-    task: asyncio.Task[Generation]
-    aborted: bool = False
+class VLLMStandIn(StandInCore):
+    """The vLLM face. `engine` is a LocalEngine."""
 
-
-class VLLMStandIn:
-    """The app's state. `engine` is a LocalEngine."""
+    server = "vLLM"
+    checked_path = "/v1/completions"
 
     def __init__(self, engine: Any, *, model_path: str | Path, validator: CompletionValidator, worker_id: str,
                  served_model: str | None = None, tokenizer: Any = None, context_window: int | None = None,
                  prompt_tokens_details: bool = True, max_log: int = 100_000) -> None:
-        self.engine = engine
-        self.model_path = str(model_path)
+        super().__init__(engine, model_path=model_path, validator=validator, worker_id=worker_id, tokenizer=tokenizer,
+                         context_window=context_window, max_log=max_log)
         self.served_model = served_model or self.model_path
-        self.validator = validator
-        self.worker_id = worker_id
-        self.tokenizer = tokenizer
         self.prompt_tokens_details = prompt_tokens_details  # vLLM's --enable-prompt-tokens-details
-        self.context_window = context_window or engine.context_window
-        self.request_log: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_log)
-        self.label = "default"
-        self._labels: dict[int, str] = {engine.weight_version: self.label}
-        self._inflight: dict[str, _InFlight] = {}
         self._paused: str | None = None  # the pause mode while paused
-        self._resumed = asyncio.Event()
-        self._resumed.set()
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=512 * 2**20)
-        r = app.router
+    def routes(self, r: web.UrlDispatcher) -> None:
         r.add_post("/v1/completions", self.completions)
         r.add_get("/v1/models", self.models)
         r.add_get("/version", self.version)
@@ -100,12 +80,6 @@ class VLLMStandIn:
         r.add_post("/update_weight_version", self.update_weight_version)
         r.add_get("/weight_info", self.weight_info)
         r.add_post("/abort_requests", self.abort_requests)
-        r.add_get("/agentrl/requests", self.requests)
-        return app
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._inflight)
 
     # ------------------------------------------------------------------------------------------- completions
     async def completions(self, request: web.Request) -> web.Response:
@@ -125,23 +99,11 @@ class VLLMStandIn:
         await self._resumed.wait()  # pause mode "keep": queued until /resume
         session = body.get("session_id") or request.headers.get(SESSION_HEADER) or uuid.uuid4().hex
         request_id = str(body.get("request_id") or uuid.uuid4().hex)
-        entry = _InFlight(request_id, asyncio.ensure_future(self.engine.generate(ids, sampling, session_id=session)))
-        self._inflight[request_id] = entry
         try:
-            await asyncio.wait({entry.task})
-        finally:
-            self._inflight.pop(request_id, None)
-            if not entry.task.done():  # the client went away: stop generating for it (vLLM does the same)
-                entry.task.cancel()
-        if entry.task.cancelled():
-            gen = Generation(output_ids=[], logprobs=[], finish_reason="abort",
-                             weight_version=self.engine.weight_version)
-        elif entry.task.exception() is not None:
-            exc = entry.task.exception()
+            gen, _ = await self._generate(request_id, ids, sampling, session)
+        except Exception as exc:  # noqa: BLE001 - the engine's error, answered like vLLM
             return _error(str(exc), status=400 if isinstance(exc, ConfigError) else 500,
                           err_type="BadRequestError" if isinstance(exc, ConfigError) else "InternalServerError")
-        else:
-            gen = entry.task.result()
         return web.json_response(self._answer(body, request_id, session, ids, gen))
 
     def _admit(self, body: dict[str, Any]) -> tuple[list[int], SamplingParams]:
@@ -177,7 +139,7 @@ class VLLMStandIn:
 
     def _answer(self, body: dict[str, Any], request_id: str, session: str, ids: list[int],
                 gen: Generation) -> dict[str, Any]:
-        label = self._labels.get(gen.weight_version, self.label)
+        label = self._label_of(gen.weight_version)
         out = list(gen.output_ids)
         choice: dict[str, Any] = {
             "index": 0, "text": self.tokenizer.decode(out) if self.tokenizer is not None and out else "",
@@ -199,15 +161,11 @@ class VLLMStandIn:
                                  "total_tokens": len(ids) + len(out), "prompt_tokens_details": None}
         if self.prompt_tokens_details:
             usage["prompt_tokens_details"] = {"cached_tokens": gen.cached_tokens}
-        self._record(request_id, session, ids, gen, label)
+        self._record({"request_id": request_id, "session": session, "prompt_tokens": len(ids),
+                      "cached_tokens": gen.cached_tokens, "completion_tokens": len(gen.output_ids),
+                      "finish": gen.finish_reason, "weight_version": label})
         return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": int(time.time()),
                 "model": self.served_model, "choices": [choice], "usage": usage}
-
-    def _record(self, request_id: str, session: str, ids: list[int], gen: Generation, label: str) -> None:
-        self.request_log.append({"request_id": request_id, "worker": self.worker_id, "session": session,
-                                 "prompt_tokens": len(ids), "cached_tokens": gen.cached_tokens,
-                                 "completion_tokens": len(gen.output_ids), "finish": gen.finish_reason,
-                                 "weight_version": label})
 
     # ------------------------------------------------------------------------------------------- control
     async def version(self, request: web.Request) -> web.Response:
@@ -221,9 +179,6 @@ class VLLMStandIn:
 
     async def weight_info(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": self.label})
-
-    async def requests(self, request: web.Request) -> web.Response:
-        return web.json_response(list(self.request_log))
 
     async def models(self, request: web.Request) -> web.Response:
         card = {"id": self.served_model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
@@ -250,43 +205,35 @@ class VLLMStandIn:
         return web.json_response({"status": "resumed"})
 
     async def abort_requests(self, request: web.Request) -> web.Response:
-        ids = (await _json_object(request)).get("request_ids") or None
+        ids = (await json_object(request)).get("request_ids") or None
         n = self._abort(set(ids) if ids else None)
         return web.json_response({"status": "aborted", "aborted": n})
 
     def _abort(self, request_ids: set[str] | None) -> int:
-        n = 0
-        for entry in list(self._inflight.values()):
-            if request_ids is None or entry.request_id in request_ids:
-                entry.aborted = True
-                entry.task.cancel()
-                n += 1
-        return n
+        return self._abort_where(lambda r: request_ids is None or r in request_ids)
 
     async def collective_rpc(self, request: web.Request) -> web.Response:
-        body = await _json_object(request)
+        body = await json_object(request)
         if body.get("method") != "reload_weights":
             return _error(f"the agentrl stand-in only serves collective_rpc method 'reload_weights', got "
                           f"{body.get('method')!r}")
         path = (body.get("kwargs") or {}).get("weights_path")
         if not isinstance(path, str):
             return _error("kwargs.weights_path (a string) is required")
-        version = max(self._labels) + 1
         try:
-            await self.engine.update_weights(path, version)
+            await self._load_weights(path)  # relabelled by /update_weight_version
         except Exception as exc:  # noqa: BLE001 - reported like vLLM: a 500 with the worker's error
             return _error(f"reload_weights failed: {exc}", status=500, err_type="InternalServerError")
-        self._labels[version] = self.label  # relabelled by /update_weight_version
         return web.json_response({"results": [None]})
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         if self._inflight:
             return web.json_response({"success": False})
-        await self.engine.update_weights(self.engine.model, self.engine.weight_version)  # clears the prefix cache
+        await self._clear_prefix_cache()
         return web.json_response({"success": True})
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
-        new = (await _json_object(request)).get("new_version")
+        new = (await json_object(request)).get("new_version")
         if not isinstance(new, str):
             return _error("new_version (a string) is required", status=422, err_type="UnprocessableEntityError")
         self.label = new
@@ -303,27 +250,5 @@ def _error(message: str, status: int = 400, err_type: str = "BadRequestError") -
 async def serve(model: str | None, *, host: str = "127.0.0.1", port: int = 8000, worker_id: str | None = None,
                 max_batch_size: int = 16, context_window: int | None = None, seed: int | None = None) -> None:
     """`agentrl engine serve --api vllm`: load the model, serve until cancelled, then close the engine."""
-    from agentrl.engine.local import LocalEngine
-    from agentrl.engine.models import resolve_model
-    from agentrl.engine.vllm_contract import completion_validator
-
-    path = resolve_model(model)
-    validator = await asyncio.to_thread(completion_validator)
-    if not validator.is_real:
-        log.warning("vLLM stand-in: %s; /v1/completions bodies are checked by a hand-written subset", validator.source)
-    engine = await asyncio.to_thread(LocalEngine, path, max_batch_size=max_batch_size, context_window=context_window,
-                                     seed=seed)
-    from transformers import AutoTokenizer
-
-    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, path)
-    standin = VLLMStandIn(engine, model_path=path, validator=validator, worker_id=worker_id or f"{host}:{port}",
-                          tokenizer=tokenizer, context_window=context_window)
-    server = StandInServer(standin, host, port)  # type: ignore[arg-type] - any object with .app()
-    try:
-        url = await server.start()
-        print(f"agentrl stand-in vLLM server on {url} (worker {standin.worker_id}, model {path}, "
-              f"/v1/completions checked by {validator.source})", flush=True)
-        await asyncio.Event().wait()
-    finally:
-        await server.stop()
-        await engine.close()
+    await serve_face(VLLMStandIn, completion_validator, model, host=host, port=port, worker_id=worker_id,
+                     max_batch_size=max_batch_size, context_window=context_window, seed=seed)

@@ -1,8 +1,9 @@
 """Env registry: `@register_env` for in-tree classes, the `agentrl.envs` entry-point group for packages, and env
 specs that name a class directly.
 
-The decorator writes into one module-level table (the one deliberate global: registration must work at import
-time, like verl's `@register`). Entry points are loaded lazily on the first lookup.
+The decorator writes into one module-level table (an `agentrl.registry.Registry`, shared with the reward sources; the
+one deliberate global: registration must work at import time, like verl's `@register`). Entry points are loaded
+lazily on each lookup.
 
 Everywhere an env name is accepted (`get_env`, so rollout, train, eval, envs check, replay), a spec works too:
 
@@ -21,52 +22,25 @@ import hashlib
 import importlib
 import importlib.util
 import sys
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Callable, TypeVar
 
 from agentrl.envs.base import Env
 from agentrl.errors import ConfigError
+from agentrl.registry import Registry
 
 ENTRY_POINT_GROUP = "agentrl.envs"
-_REGISTRY: dict[str, type[Env]] = {}
+_ENVS: Registry[Env] = Registry(Env, ENTRY_POINT_GROUP, what="env", decorator="register_env")
 
 E = TypeVar("E", bound=type[Env])
 
 
 def register_env(name: str) -> Callable[[E], E]:
-    def deco(cls: E) -> E:
-        if not issubclass(cls, Env):
-            raise TypeError(f"@register_env({name!r}): {cls.__name__} must subclass agentrl.envs.Env")
-        prev = _REGISTRY.get(name)
-        if prev is not None and prev is not cls and prev.__qualname__ != cls.__qualname__:
-            raise ConfigError(f"env name {name!r} registered twice ({prev.__module__} and {cls.__module__})")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
-
-
-def _load_entry_points() -> dict[str, str]:
-    """Import every package registered under `agentrl.envs`. Returns name -> error for broken ones."""
-    broken: dict[str, str] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in _REGISTRY:
-            continue
-        try:
-            obj = ep.load()
-        except Exception as exc:  # a broken third-party env must not hide the others
-            broken[ep.name] = f"{type(exc).__name__}: {exc}"
-            continue
-        if isinstance(obj, type) and issubclass(obj, Env) and ep.name not in _REGISTRY:
-            register_env(ep.name)(obj)
-    return broken
+    return _ENVS.register(name)
 
 
 def available_envs() -> dict[str, type[Env]]:
-    _load_entry_points()
-    return dict(sorted(_REGISTRY.items()))
+    return _ENVS.available()
 
 
 def is_env_spec(name: str) -> bool:
@@ -134,13 +108,7 @@ def get_env(name: str, **options: object) -> Env:
     """An instance of the env `name`: a registered name, or a spec (`file.py:Class`, `package.module:Class`)."""
     if is_env_spec(name):
         return load_env_class(name)(**options)
-    broken = _load_entry_points()
-    if name not in _REGISTRY:
-        known = ", ".join(sorted(_REGISTRY)) or "none"
-        hint = f" (entry point failed to load: {broken[name]})" if name in broken else ""
-        raise ConfigError(
-            f"env {name!r} is not registered{hint}. Known envs: {known}. Install the env's package "
-            f"(it must declare an '{ENTRY_POINT_GROUP}' entry point), decorate its class with @register_env, or "
-            "name the class directly: --env path/to/file.py:Class or --env package.module:Class."
-        )
-    return _REGISTRY[name](**options)
+    cls = _ENVS.get(name, fix=f"Install the env's package (it must declare an '{ENTRY_POINT_GROUP}' entry point), "
+                              "decorate its class with @register_env, or name the class directly: --env "
+                              "path/to/file.py:Class or --env package.module:Class.")
+    return cls(**options)

@@ -25,9 +25,10 @@ import aiohttp
 import pytest
 import sglang_support as sup
 
+from agentrl.engine.http import nodelay_socket
 from agentrl.engine.local import LocalEngine
-from agentrl.engine.sglang_http import SGLangHTTPError, nodelay_socket
-from agentrl.engine.sglang_routing import WorkerRouter
+from agentrl.engine.routing import WorkerRouter
+from agentrl.engine.sglang import SGLangHTTPError
 from agentrl.engine.standin import StandInServer
 from agentrl.errors import ConfigError, EngineError, EngineUnavailableError
 from agentrl.runner import rollout as rollout_mod

@@ -1,6 +1,6 @@
 """Fixtures of the kubernetes tier.
 
-`cluster` runs a test twice: against the fake API edge (`agentrl.testing.fake_k8s` + a fake kubelet that runs every
+`cluster` runs a test twice: against the fake API edge (`fake_k8s.py` here + a fake kubelet that runs every
 sandbox pod as a real local agent process on its own loopback IP, so the data plane is real) in the default tier,
 and against a real cluster (pytest mark `k8s`) when KUBECONFIG is set. The real cluster is normally the dev cluster:
 
@@ -28,8 +28,8 @@ import pytest
 from agentrl.sandbox import SandboxSpec
 from agentrl.sandbox.kubernetes.api import KubeApi, load_client_configuration
 from agentrl.sandbox.kubernetes import KubernetesBackend
-from agentrl.testing.fake_k8s import FakeKubernetes
-from agentrl.testing.fake_kubelet import FakeKubelet
+from fake_k8s import FakeKubernetes
+from fake_kubelet import FakeKubelet
 
 NAMESPACE = os.environ.get("AGENTRL_K8S_NAMESPACE", "agentrl")
 IMAGE = os.environ.get("AGENTRL_K8S_IMAGE", "agentrl/python:latest")

@@ -12,7 +12,7 @@ import pytest
 
 from agentrl.sandbox import Sandbox
 from agentrl.sandbox.kubernetes.pods import Owner
-from agentrl.testing.fake_kubelet import CLAIMS, TEMPLATES, WARMPOOLS, FakeAgentSandboxController
+from fake_kubelet import CLAIMS, TEMPLATES, WARMPOOLS, FakeAgentSandboxController
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agentrl.sandbox.kubernetes.api import MERGE_PATCH, ApiError, KubeApi, load_client_configuration, watch_events
-from agentrl.testing.fake_k8s import FakeKubernetes
+from fake_k8s import FakeKubernetes
 
 NS = "/api/v1/namespaces/t"
 

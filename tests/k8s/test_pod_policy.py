@@ -22,7 +22,7 @@ from agentrl.sandbox.kubernetes.pods import (INIT_SCRIPT, L_EGRESS, L_ROLE, Owne
                                              label_value, pod_spec, spec_hash)
 from agentrl.sandbox.kubernetes.pool import PodPool
 from agentrl.sandbox.kubernetes import KubernetesSandboxConfig
-from agentrl.testing.fake_k8s import merge_patch
+from fake_k8s import merge_patch
 
 SUPPORTED = ["1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0", "1.36.0", "1.37.0"]
 

@@ -11,7 +11,7 @@ import yaml
 
 from agentrl.sandbox import Sandbox
 from agentrl.sandbox.kubernetes.pods import is_ready
-from agentrl.testing.fake_kubelet import FakeAgentSandboxController
+from fake_kubelet import FakeAgentSandboxController
 
 K8S = Path(__file__).resolve().parents[2] / "k8s"
 GROUPS = {"sandboxclaims": "extensions.agents.x-k8s.io", "sandboxtemplates": "extensions.agents.x-k8s.io",

@@ -119,7 +119,7 @@ class KubernetesSandboxConfig(BaseModel):
 
 class KubernetesBackend:
     """Sandboxes as pods. `KubernetesBackend(config)` or `KubernetesBackend(namespace=..., warm=...)` (config
-    fields as keywords). `api_host` points the client at a plain-HTTP API (the fake in `agentrl.testing`);
+    fields as keywords). `api_host` points the client at a plain-HTTP API (the fake in tests/k8s);
     `owner` replaces the owner identity read from the environment (tests simulate several workers with it)."""
 
     name = "kubernetes"

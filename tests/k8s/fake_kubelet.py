@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from agentrl.testing.fake_k8s import FakeKubernetes, Obj, labels_match, now_rfc3339, parse_selector
+from fake_k8s import FakeKubernetes, Obj, labels_match, now_rfc3339, parse_selector
 
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 

@@ -1,16 +1,20 @@
-"""HTTP transport of the SGLang client: one aiohttp session with explicit limits, and the error classification.
+"""HTTP transport of the HTTP engine clients (SGLang, vLLM): one aiohttp session with explicit limits, and the
+error classification.
 
 Owns: the connection pool (`max_connections` total and per host, TCP_NODELAY set on every socket, keep-alive),
-split timeouts (connect vs whole request), turning every failure into one of two exceptions, and extracting
-SGLang's own error message from an error body. Does not own retries (the engine decides, it knows the routing) or
+split timeouts (connect vs whole request), turning every failure into one of two exceptions, and extracting the
+server's own error message from an error body. Does not own retries (the engine decides, it knows the routing) or
 what the endpoints mean.
 
     EngineError (agentrl.errors)
-    ├── SGLangHTTPError        a definitive answer: 4xx other than 408/429 (bad request, unknown field, context
+    ├── ServerHTTPError        a definitive answer: 4xx other than 408/429 (bad request, unknown field, context
     │                          overflow, 404 from a router for a control endpoint). Retrying cannot help.
     └── EngineUnavailableError
         └── TransientError     connection refused / reset / dropped mid-response, timeout, 408/429/5xx.
                                The engine retries these (another worker when it routes itself), then gives up.
+
+Each client raises its own subclasses (`SGLangHTTPError`, `VLLMHTTPError`, ...: `server` names the server in the
+message); the Transport is given them (`Errors`).
 
 The session binds to the event loop that first uses it; `close()` must run on that loop (or after it stopped).
 JSON goes through `orjson` when it is installed (the `sglang-client` extra): encoding a multi-thousand-token
@@ -38,20 +42,32 @@ RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _MAX_MESSAGE = 2000
 
 
-class SGLangHTTPError(EngineError):
-    """The server answered and refused: `status`, the URL, and SGLang's own message."""
+class ServerHTTPError(EngineError):
+    """The server answered and refused: `status`, the URL, and the server's own message. Retrying cannot help."""
+
+    server = "server"  # the client's subclass names the server in the message
 
     def __init__(self, url: str, status: int, message: str) -> None:
         self.url, self.status, self.message = url, status, message
-        super().__init__(f"SGLang {url} answered HTTP {status}: {message}")
+        super().__init__(f"{self.server} {url} answered HTTP {status}: {message}")
 
 
 class TransientError(EngineUnavailableError):
     """The request may succeed if repeated (possibly on another worker)."""
 
+    server = "server"
+
     def __init__(self, url: str, reason: str, status: int | None = None) -> None:
         self.url, self.reason, self.status = url, reason, status
-        super().__init__(f"SGLang {url}: {reason}")
+        super().__init__(f"{self.server} {url}: {reason}")
+
+
+@dataclass(frozen=True)
+class Errors:
+    """The exception classes one client's Transport raises."""
+
+    refused: type[ServerHTTPError] = ServerHTTPError
+    transient: type[TransientError] = TransientError
 
 
 @dataclass(frozen=True)
@@ -73,8 +89,9 @@ def nodelay_socket(addr_info: Any) -> socket.socket:
 class Transport:
     """JSON over HTTP with one pooled aiohttp session, created lazily on the caller's loop."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, errors: Errors = Errors()) -> None:
         self.limits = limits
+        self.errors = errors
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -106,12 +123,14 @@ class Transport:
                 raw = await resp.read()
                 status = resp.status
         except TimeoutError:
-            raise TransientError(url, f"no complete answer within {timeout_s:g}s (request_timeout_s)") from None
+            raise self.errors.transient(url, f"no complete answer within {timeout_s:g}s (request_timeout_s)") \
+                from None
         except aiohttp.ClientConnectorError as exc:
-            raise TransientError(url, f"unreachable ({exc.os_error or exc}); is the server running?") from None
+            raise self.errors.transient(url, f"unreachable ({exc.os_error or exc}); is the server running?") \
+                from None
         except aiohttp.ClientError as exc:  # reset, dropped mid-response, malformed HTTP
-            raise TransientError(url, f"connection failed: {type(exc).__name__}: {exc}") from None
-        return _decode(url, status, raw)
+            raise self.errors.transient(url, f"connection failed: {type(exc).__name__}: {exc}") from None
+        return _decode(url, status, raw, self.errors)
 
     async def close(self) -> None:
         session, loop = self._session, self._loop
@@ -134,12 +153,12 @@ def _loads(raw: bytes) -> Any:
     return orjson.loads(raw) if orjson is not None else json.loads(raw)
 
 
-def _decode(url: str, status: int, raw: bytes) -> Any:
+def _decode(url: str, status: int, raw: bytes, errors: Errors) -> Any:
     if status >= 400:
         message = error_message(raw.decode("utf-8", errors="replace"))
         if status in RETRYABLE_STATUS:
-            raise TransientError(url, f"HTTP {status}: {message}", status=status)
-        raise SGLangHTTPError(url, status, message)
+            raise errors.transient(url, f"HTTP {status}: {message}", status=status)
+        raise errors.refused(url, status, message)
     if not raw:
         return None
     try:
@@ -149,7 +168,7 @@ def _decode(url: str, status: int, raw: bytes) -> Any:
 
 
 def error_message(text: str) -> str:
-    """SGLang's message from an error body: {"error": "..."}, {"error": {"message": ...}}, {"message": ...}, text."""
+    """The server's message from an error body: {"error": "..."}, {"error": {"message": ...}}, {"message": ...}, text."""
     try:
         body = json.loads(text)
     except json.JSONDecodeError:

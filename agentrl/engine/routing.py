@@ -1,11 +1,11 @@
-"""Sticky, load-aware choice of an SGLang worker per trajectory (used when agentrl talks to the workers directly).
+"""Sticky, load-aware choice of a worker per trajectory, for every HTTP engine that talks to its workers directly.
 
 Owns: the in-flight request count per worker, the session -> worker map (LRU, bounded), and short cool-downs for
 workers that just failed. Pure bookkeeping on the event loop thread: no I/O, no locks needed.
 
 Policy. A session's first turn goes to the healthy worker with the fewest requests in flight (ties: fewest pinned
 sessions, then the order of the URL list), and the session is pinned there, so its later turns find their prefix
-in that worker's radix cache. A pin is dropped when the session ends (`forget`), when it is the least recently
+in that worker's prefix cache. A pin is dropped when the session ends (`forget`), when it is the least recently
 used beyond `max_sessions`, or when its worker fails (the next turn re-picks; its prefix is recomputed once).
 A failed worker is avoided for `cooldown_s` unless every worker is cooling down.
 """
