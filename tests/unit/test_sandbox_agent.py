@@ -579,3 +579,22 @@ async def test_survivors_are_the_policys_doing_for_the_client_and_attribution(tm
     for stage in (Stage.turns, Stage.finalize):
         verdict = classify(info.value, stage)
         assert not verdict.infra and verdict.kind == "processes_survived_kill", verdict
+
+
+def test_a_symlink_swapped_in_after_resolution_is_refused_not_followed(tmp_path: Path) -> None:
+    """Between resolving a path and opening it a command may replace a directory on it by a symlink out of the
+    workspace: the open (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS) refuses it; O_NOFOLLOW alone guards only the
+    last component and would have opened the file outside."""
+    if not agent_mod._Openat2.usable():
+        pytest.skip("openat2 is not available on this kernel (the agent falls back to O_NOFOLLOW)")
+    root = tmp_path / "ws"
+    root.mkdir()
+    (tmp_path / "secret.txt").write_text("secret")
+    (root / "sub").symlink_to(tmp_path)  # was a directory when the path was resolved
+    with pytest.raises(agent_mod.HTTPError) as info:
+        agent_mod.open_regular(str(root / "sub" / "secret.txt"), (str(root),), os.O_RDONLY, 0, "sub/secret.txt")
+    assert (info.value.status, info.value.kind) == (400, "bad_path")
+    (root / "ok.txt").write_text("fine")
+    fd = agent_mod.open_regular(str(root / "ok.txt"), (str(root),), os.O_RDONLY, 0, "ok.txt")
+    assert os.read(fd, 10) == b"fine"
+    os.close(fd)
