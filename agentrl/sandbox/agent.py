@@ -190,7 +190,7 @@ class _OpenHow(ctypes.Structure):
 
 
 class _Openat2:
-    """openat2(2) through ctypes, probed once: None where the kernel or a seccomp filter lacks it."""
+    """openat2(2) through ctypes, probed once: unusable where the kernel or a seccomp filter lacks it."""
 
     _usable: bool | None = None
     _libc = None
@@ -1016,19 +1016,32 @@ def _authorized(headers: dict, token: str) -> bool:
     return value.startswith("Bearer ") and hmac.compare_digest(value[7:].encode(), token.encode())
 
 
+def _from_inside(conn: socket.socket) -> bool:
+    """A tcp connection whose peer address is the agent's own: it comes from inside the sandbox (pod), never from
+    the host side. Unix sockets: False (only the host side can reach the socket under uid separation)."""
+    if conn.family == socket.AF_UNIX:
+        return False
+    try:
+        return conn.getpeername()[0] == conn.getsockname()[0]
+    except OSError:
+        return True
+
+
 class Acceptor:
     """Accepts connections and holds each, in this one thread, until its first request head is complete: at most
-    MAX_PENDING at once (a new one pushes out the oldest), each for at most `handshake_timeout_s`, at most
-    MAX_HEAD bytes. Only then is the bearer token checked; an authorized connection gets a worker thread (at most
-    MAX_WORKERS), a wrong token 401 and close. A flood of idle or unauthenticated connections from inside the
-    sandbox therefore costs the agent no thread and a bounded number of file descriptors."""
+    MAX_PENDING at once, each for at most `handshake_timeout_s`, at most MAX_HEAD bytes. Only then is the bearer
+    token checked; an authorized connection gets a worker thread (at most MAX_WORKERS), a wrong token 401 and close.
+    A flood of idle or unauthenticated connections from inside the sandbox therefore costs the agent no thread and
+    a bounded number of file descriptors. When full, a new connection pushes out the oldest pending one that came
+    from the sandbox itself (tcp: its peer address is the agent's own), so a flood from inside cannot push out the
+    host's connection while its request is on the way; only without such a one the oldest of all."""
 
     def __init__(self, sock: socket.socket, agent: Agent, token: str | None, *,
                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
         self.sock, self.agent, self.token = sock, agent, token
         self.handshake_timeout_s = handshake_timeout_s
         self.sel = selectors.DefaultSelector()
-        self.pending: dict[socket.socket, tuple[bytearray, float]] = {}  # in accept order
+        self.pending: dict[socket.socket, tuple[bytearray, float, bool]] = {}  # in accept order; bool: local
         self.workers = 0
         self._lock = threading.Lock()
 
@@ -1061,7 +1074,7 @@ class Acceptor:
             except OSError as e:  # EMFILE/ENFILE/ENOBUFS: shed the oldest pending connection, else back off
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     if self.pending:
-                        self._drop(next(iter(self.pending)))
+                        self._drop(self._victim())
                     else:
                         time.sleep(0.01)
                 return
@@ -1069,10 +1082,14 @@ class Acceptor:
             if conn.family != socket.AF_UNIX:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while len(self.pending) >= MAX_PENDING:
-                self._drop(next(iter(self.pending)))
-            self.pending[conn] = (bytearray(), time.monotonic() + self.handshake_timeout_s)
+                self._drop(self._victim())
+            self.pending[conn] = (bytearray(), time.monotonic() + self.handshake_timeout_s, _from_inside(conn))
             self.sel.register(conn, selectors.EVENT_READ)
             self._receive(conn)  # the client usually sent its request with the connect
+
+    def _victim(self) -> socket.socket:
+        """The pending connection to push out: the oldest from inside the sandbox, else the oldest."""
+        return next((c for c, (_, _, inside) in self.pending.items() if inside), next(iter(self.pending)))
 
     def _receive(self, conn: socket.socket) -> None:
         buf = self.pending[conn][0]
@@ -1134,7 +1151,7 @@ class Acceptor:
     def _expire(self) -> None:
         now = time.monotonic()
         while self.pending:
-            conn, (_, deadline) = next(iter(self.pending.items()))
+            conn, (_, deadline, _) = next(iter(self.pending.items()))
             if deadline > now:
                 return
             self._drop(conn)

@@ -598,3 +598,29 @@ def test_a_symlink_swapped_in_after_resolution_is_refused_not_followed(tmp_path:
     fd = agent_mod.open_regular(str(root / "ok.txt"), (str(root),), os.O_RDONLY, 0, "ok.txt")
     assert os.read(fd, 10) == b"fine"
     os.close(fd)
+
+
+def test_a_flood_from_inside_cannot_push_out_the_hosts_connection_on_its_way(tmp_path: Path) -> None:
+    """The agent listens on 127.0.0.2 (the pod IP); the flood comes from that address (from inside the pod), the
+    host side from 127.0.0.1 and sends its request only after 600 flood connections arrived: it is still answered
+    (the acceptor pushes out the oldest connection from inside, not the oldest of all)."""
+    port = _free_port()
+    (tmp_path / "token").write_text("s3cret\n")
+    proc = _start(["--tcp", f"127.0.0.2:{port}", "--token-file", str(tmp_path / "token"),
+                   "--workspace", str(tmp_path / "ws")])
+    flood: list[socket.socket] = []
+    try:
+        host = socket.create_connection(("127.0.0.2", port), source_address=("127.0.0.1", 0))
+        time.sleep(0.2)  # accepted and pending, nothing sent yet (a host whose event loop lags)
+        for _ in range(600):
+            flood.append(socket.create_connection(("127.0.0.2", port), source_address=("127.0.0.2", 0)))
+        time.sleep(0.5)
+        host.settimeout(10)
+        host.sendall(b"GET /health HTTP/1.1\r\nAuthorization: Bearer s3cret\r\nConnection: close\r\n\r\n")
+        assert host.recv(4096).startswith(b"HTTP/1.1 200"), "the host's connection was pushed out by the flood"
+        host.close()
+    finally:
+        for s in flood:
+            s.close()
+        proc.kill()
+        proc.wait()
