@@ -9,6 +9,8 @@ answering health checks. It does not own isolation or limits: the backend that s
 
     agent.py --unix PATH --workspace DIR [--run-as UID:GID] [--writable D1:D2] (local / docker: unix socket)
     agent.py --tcp HOST:PORT --token-file F --workspace DIR [--run-as U:G]     (kubernetes: bearer token required)
+    [--exit-grace S]: how long pipes held by a command's leftovers may delay its answer after it exits (0.1 s)
+    [--handshake-timeout S]: how long a new connection may take to send its first request head (10 s)
 
 uid separation (`--run-as UID:GID`, the agent itself runs as uid 0 with only CAP_SETUID, CAP_SETGID, CAP_KILL and,
 where the backend's workspace is not pre-owned, CAP_CHOWN): every command runs as UID:GID with no supplementary
@@ -306,7 +308,7 @@ def open_regular(real: str, roots: tuple[str, ...], flags: int, mode: int, shown
     except OSError as e:
         if e.errno in (errno.ENXIO, errno.EISDIR):
             raise HTTPError(400, f"path {shown!r} is not a regular file ({e.strerror})", "not_regular") from None
-        if e.errno in (errno.ELOOP, errno.EXDEV):
+        if e.errno in (errno.ELOOP, errno.EXDEV, errno.EAGAIN):  # EAGAIN: openat2 saw a rename race
             raise _bad_path(shown, "changed into a symbolic link while it was opened; try again") from None
         raise
     kind = stat.S_IFMT(os.fstat(fd).st_mode)
