@@ -1,7 +1,10 @@
 """Sandbox latency: lease from a warm pool vs a cold start, and exec round-trips through the in-sandbox agent vs a
 bare host process spawn. Prints a markdown table (see BENCHMARKS.md for recorded numbers).
 
-    python benchmarks/bench_sandbox.py [--backend local] [--leases 30] [--execs 200]
+    python benchmarks/bench_sandbox.py [--backend local] [--leases 30] [--execs 200] [--cpus 0.05]
+
+--leases 0 skips the lease measurements; --cpus sets the sandbox's CPU quota (cgroup cpu.max / cfs_quota_us over a
+100 ms period): at 0.05 every exec whose agent + command CPU passes 5 ms in a period waits for the next period.
 """
 
 from __future__ import annotations
@@ -79,19 +82,21 @@ async def main() -> None:
     ap.add_argument("--backend", default="local")
     ap.add_argument("--leases", type=int, default=30)
     ap.add_argument("--execs", type=int, default=200)
+    ap.add_argument("--cpus", type=float, default=None, help="the sandbox's CPU quota (default: SandboxSpec's)")
     args = ap.parse_args()
-    spec = SandboxSpec()
+    spec = SandboxSpec() if args.cpus is None else SandboxSpec(cpus=args.cpus)
     with tempfile.TemporaryDirectory(prefix="agrl-bench-", dir="/tmp") as state_dir:
-        leases = await bench_leases(args.backend, spec, args.leases, state_dir)
+        leases = await bench_leases(args.backend, spec, args.leases, state_dir) if args.leases else {}
         execs = await bench_exec(args.backend, spec, args.execs, state_dir)
     host = statistics.median(execs["host_run"]) * 1000
-    warm = statistics.median(leases["warm"]) * 1000
     print(f"backend={args.backend}  spec: cpus={spec.cpus} memory={spec.memory} pids={spec.pids}\n")
     print("| measurement | N | p50 ms | p99 ms | ratio (p50) |")
     print("| --- | --- | --- | --- | --- |")
-    print(_row("lease, warm pool (acquire + health check)", leases["warm"]))
-    print(_row("lease, cold start (create + agent ready)", leases["cold"], warm))
-    print(_row("lease release (destroy)", leases["release"], warm))
+    if leases:
+        warm = statistics.median(leases["warm"]) * 1000
+        print(_row("lease, warm pool (acquire + health check)", leases["warm"]))
+        print(_row("lease, cold start (create + agent ready)", leases["cold"], warm))
+        print(_row("lease release (destroy)", leases["release"], warm))
     print(_row("host: subprocess.run(['true'])", execs["host_run"]))
     print(_row("host: asyncio.create_subprocess_exec('true')", execs["host_async"], host))
     print(_row("agent GET /health round-trip (transport only)", execs["agent_health"], host))

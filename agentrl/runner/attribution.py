@@ -23,6 +23,8 @@ the reason stored on the trajectory.
                SandboxDiedError between requests, single   policy  sandbox_died_single_uid (its leftover processes
                  uid sandbox                                       could have killed the agent)
                other SandboxError                          infra   sandbox_error (the agent answered an error)
+    turns,     PolicyError (e.g. SandboxSurvivorsError:    policy  <its kind> (policy_broke_episode when it has none)
+      finalize   the policy's processes survived SIGKILL)
     finalize   deadline                                    policy  finalize_timeout (the env's own budget fits in it,
                                                                    checked at start-up)
                any other exception                         policy  finalize_failed (e.g. what the policy left in the
@@ -39,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from agentrl.errors import EngineError, InfraError, SandboxDiedError, SandboxStartError
+from agentrl.errors import EngineError, InfraError, PolicyError, SandboxDiedError, SandboxStartError
 from agentrl.types import Status
 
 EXTERNAL_CAUSES = ("deleted", "evicted", "killed", "node_lost", "preempted")  # provably from outside the sandbox
@@ -103,6 +105,8 @@ def classify(exc: BaseException, stage: Stage, *, deadline_expired: bool = False
         return _sandbox_death(exc, death or DeathFacts(in_flight=False, uid_separated=False, cause=None))
     if isinstance(exc, InfraError):
         return _infra("sandbox_error", exc)
+    if isinstance(exc, PolicyError):
+        return _policy(getattr(exc, "kind", None) or "policy_broke_episode", exc)
     if stage is Stage.finalize:
         if deadline_expired:
             return _policy("finalize_timeout", f"grading did not finish within finalize_timeout_s: {_text(exc)}")

@@ -1,13 +1,13 @@
 """Sandboxes: isolated, stateful places where a trajectory's tool calls run.
 
 Public API: `SandboxPool` (leases), `Sandbox` (the handle a trajectory holds), `SandboxSpec`, `ExecResult`,
-`SandboxPathError`, `SandboxFileError`, the `SandboxBackend` protocol and `make_backend`. Backends live in `local.py`
+`SandboxPathError`, `SandboxFileError`, `SandboxSurvivorsError`, the `SandboxBackend` protocol and `make_backend`. Backends live in `local.py`
 (bubblewrap), `docker.py`, `kubernetes.py`; the in-sandbox agent in `agent.py` (stdlib only, never imported by the
 host side except for its constants).
 """
 
 from agentrl.sandbox.base import AgentEndpoint, ExecResult, SandboxBackend, SandboxHandle, SandboxSpec
-from agentrl.sandbox.client import AgentClient, Sandbox, SandboxFileError, SandboxPathError
+from agentrl.sandbox.client import AgentClient, Sandbox, SandboxFileError, SandboxPathError, SandboxSurvivorsError
 from agentrl.sandbox.pool import SandboxPool, make_backend
 
 __all__ = [
@@ -21,5 +21,6 @@ __all__ = [
     "SandboxPathError",
     "SandboxPool",
     "SandboxSpec",
+    "SandboxSurvivorsError",
     "make_backend",
 ]

@@ -9,6 +9,8 @@ answering health checks. It does not own isolation or limits: the backend that s
 
     agent.py --unix PATH --workspace DIR [--run-as UID:GID] [--writable D1:D2] (local / docker: unix socket)
     agent.py --tcp HOST:PORT --token-file F --workspace DIR [--run-as U:G]     (kubernetes: bearer token required)
+    [--exit-grace S]: how long pipes held by a command's leftovers may delay its answer after it exits (0.1 s)
+    [--handshake-timeout S]: how long a new connection may take to send its first request head (10 s)
 
 uid separation (`--run-as UID:GID`, the agent itself runs as uid 0 with only CAP_SETUID, CAP_SETGID, CAP_KILL and,
 where the backend's workspace is not pre-owned, CAP_CHOWN): every command runs as UID:GID with no supplementary
@@ -19,19 +21,29 @@ and what they create is owned by UID:GID. Without --run-as, commands run as the 
 them from it (`uid_separated: false` in /health). The agent is a child subreaper: orphans of commands are re-parented
 to it (and reaped by it), so "every process a command left behind" is well defined in both modes.
 
-Protocol (JSON bodies, HTTP/1.1 keep-alive with Content-Length, one thread per connection):
+Protocol (JSON bodies, HTTP/1.1 keep-alive with Content-Length). One acceptor thread holds every new connection
+until its first request head is complete (bounded count, size and time) and checks the bearer token; only an
+authorized connection gets a worker thread (at most MAX_WORKERS), so a connection flood from inside the sandbox
+costs no thread:
 
     GET  /health   -> {ok, pid, version, workspace, writable, uid_separated, command_uid}
     POST /exec     {cmd: str|list, timeout, cwd, env, stdin, output_limit, kill_leftovers}
                    -> {exit_code, stdout, stderr, timed_out, truncated, duration_s}
                    kill_leftovers: after the command, kill every process of the command user (as /kill_all)
     POST /kill_all {} -> {killed: n}   every process of the command user (uid-separated), or every descendant of
-                   the agent (single uid), until none is left; also those of concurrent execs
+                   the agent (single uid), until none is left; also those of concurrent execs; 409 (kind
+                   "survivors", "policy processes survived kill") when some survive SIGKILL for 5 s
     POST /write    {path, content_b64, mode} -> {ok, bytes}
     POST /read     {path} -> {content_b64}
     errors         -> {error: msg[, kind]} with 400 (bad request; kind "not_regular" for a directory, FIFO, socket,
-                   device or symlink), 401 (token), 403 (path outside workspace, or not accessible to the command
-                   user), 404, 413 (kind "too_large"), 500
+                   device or symlink; kind "bad_path" for a path that cannot be resolved: more than 40 symlinks,
+                   too long, NUL, not encodable), 401 (token), 403 (path outside workspace, or not accessible to the
+                   command user), 404, 409 (kind "survivors"), 413 (kind "too_large"), 431 (request head too
+                   large), 500 (a bug in the agent), 503 (MAX_WORKERS connections busy)
+
+Paths are resolved without recursion (at most 40 symlinks, like the kernel) and opened with openat2
+RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS below the workspace root where the kernel has it; files are opened
+O_NONBLOCK, checked to be regular with fstat and read into a buffer sized from fstat, capped at MAX_READ.
 
 After binding, the agent prints READY_LINE on stdout so the starter needs no polling.
 """
@@ -60,10 +72,11 @@ DEFAULT_OUTPUT_LIMIT = 64 * 1024
 EXIT_GRACE_S = 0.1  # after the main process exits, how long pipes held by background processes may stay open
 DRAIN_AFTER_KILL_S = 0.5  # after SIGKILL of the group, how long to keep collecting output
 CHUNK = 1 << 16
-KILL_ALL_DEADLINE_S = 5.0  # /kill_all gives up (500) when processes survive SIGKILL this long (stuck in the kernel)
+KILL_ALL_DEADLINE_S = 5.0  # /kill_all gives up (409) when processes survive SIGKILL this long (stuck in the kernel)
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 36, 38
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 413: "Payload Too Large", 500: "Internal Server Error"}
+            405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
+            431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 class HTTPError(Exception):
@@ -167,17 +180,166 @@ def _prctl_setup() -> ctypes.CDLL:
 
 # ---------------------------------------------------------------- paths
 
+MAX_PATH_CHARS = 4096  # a requested path longer than this is refused (the kernel's PATH_MAX)
+MAX_SYMLINK_HOPS = 40  # symbolic links followed while resolving one path (the kernel's own limit, ELOOP)
+MAX_PATH_STEPS = 4096  # path components looked at while resolving one path, symlink targets included
+SYS_OPENAT2 = 437  # the same number on every architecture (Linux >= 5.6)
+RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+class _Openat2:
+    """openat2(2) through ctypes, probed once: unusable where the kernel or a seccomp filter lacks it."""
+
+    _usable: bool | None = None
+    _libc = None
+
+    @classmethod
+    def usable(cls) -> bool:
+        if cls._usable is None:
+            try:
+                cls._libc = ctypes.CDLL(None, use_errno=True)
+                fd = cls._call(-100, "/", os.O_PATH | os.O_CLOEXEC, 0, 0)  # AT_FDCWD
+                os.close(fd)
+                cls._usable = True
+            except (OSError, AttributeError):
+                cls._usable = False
+        return cls._usable
+
+    @classmethod
+    def _call(cls, dirfd: int, path: str, flags: int, mode: int, resolve: int) -> int:
+        how = _OpenHow(flags, mode, resolve)
+        fd = cls._libc.syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(os.fsencode(path)),
+                               ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+        return fd
+
+    @classmethod
+    def beneath(cls, root: str, rel: str, flags: int, mode: int) -> int:
+        """Open `rel` under the directory `root` with no symlink followed and nothing outside `root` reached."""
+        dirfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return cls._call(dirfd, rel, flags, mode, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+        finally:
+            os.close(dirfd)
+
+
+def _bad_path(shown: object, why: str) -> HTTPError:
+    return HTTPError(400, f"path {shown!r} {why}", "bad_path")
+
+
+def real_path(path: str, shown: object) -> str:
+    """os.path.realpath of the absolute `path` (missing components taken literally), without recursion and bounded:
+    at most MAX_SYMLINK_HOPS symbolic links and MAX_PATH_STEPS components; 400 (kind "bad_path") beyond that."""
+    todo = [c for c in reversed(path.split("/")) if c]  # a stack: the next component is last
+    parts: list[str] = []
+    hops = steps = 0
+    while todo:
+        steps += 1
+        if steps > MAX_PATH_STEPS:
+            raise _bad_path(shown, f"has more than {MAX_PATH_STEPS} components to resolve (symlink targets included)")
+        name = todo.pop()
+        if name == ".":
+            continue
+        if name == "..":
+            if parts:
+                parts.pop()
+            continue
+        candidate = "/" + "/".join((*parts, name))
+        try:
+            st = os.lstat(candidate)
+        except OSError:  # missing or not searchable: the rest is taken as written (open answers 404 / 403)
+            parts.append(name)
+            continue
+        if not stat.S_ISLNK(st.st_mode):
+            parts.append(name)
+            continue
+        hops += 1
+        if hops > MAX_SYMLINK_HOPS:
+            raise _bad_path(shown, f"goes through more than {MAX_SYMLINK_HOPS} symbolic links (a loop or a chain); "
+                                   "replace the link by the file")
+        target = os.readlink(candidate)
+        if target.startswith("/"):
+            parts = []
+        todo.extend(c for c in reversed(target.split("/")) if c)
+    return "/" + "/".join(parts)
+
 
 def resolve_in_workspace(root: str, path: object, extra: tuple[str, ...] = ()) -> str:
     """The real path of `path` (relative to `root`, or absolute inside it or inside one of the `extra` writable
-    directories); 403 when it resolves outside all of them."""
-    if not isinstance(path, str) or not path or "\x00" in path:
+    directories); 403 when it resolves outside all of them, 400 (kind "bad_path") when it cannot be resolved."""
+    if not isinstance(path, str) or not path:
         raise HTTPError(400, "field 'path' must be a non-empty string")
-    real = os.path.realpath(os.path.join(root, path))
-    if not any(real == r or real.startswith(r + os.sep) for r in (root, *extra)):
+    if "\x00" in path or len(path) > MAX_PATH_CHARS:
+        raise _bad_path(path[:200], f"contains a NUL byte or is longer than {MAX_PATH_CHARS} characters")
+    try:
+        os.fsencode(path)
+    except UnicodeError:
+        raise _bad_path(path, "is not encodable as a file name") from None
+    real = real_path(os.path.join(root, path), path)
+    if _root_of(real, (root, *extra)) is None:
         where = " or ".join((root, *extra))
         raise HTTPError(403, f"path {path!r} resolves outside the workspace {where} (to {real}); use a path inside it")
     return real
+
+
+def _root_of(real: str, roots: tuple[str, ...]) -> str | None:
+    inside = [r for r in roots if real == r or real.startswith(r.rstrip("/") + "/")]
+    return max(inside, key=len) if inside else None
+
+
+def open_regular(real: str, roots: tuple[str, ...], flags: int, mode: int, shown: str) -> int:
+    """Open the resolved path `real` (inside one of `roots`) as a regular file: never blocks on a FIFO or device
+    (O_NONBLOCK), follows no symlink on the way (one swapped in after resolution is refused, not followed: openat2
+    RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS where the kernel has it, else O_NOFOLLOW on the last component), and
+    refuses anything but a regular file (400, kind "not_regular")."""
+    flags |= os.O_NONBLOCK | os.O_CLOEXEC
+    root = _root_of(real, roots)
+    try:
+        if root is not None and _Openat2.usable():
+            fd = _Openat2.beneath(root, real[len(root):].lstrip("/") or ".", flags, mode)
+        else:
+            fd = os.open(real, flags | os.O_NOFOLLOW, mode)
+    except OSError as e:
+        if e.errno in (errno.ENXIO, errno.EISDIR):
+            raise HTTPError(400, f"path {shown!r} is not a regular file ({e.strerror})", "not_regular") from None
+        if e.errno in (errno.ELOOP, errno.EXDEV, errno.EAGAIN):  # EAGAIN: openat2 saw a rename race
+            raise _bad_path(shown, "changed into a symbolic link while it was opened; try again") from None
+        raise
+    kind = stat.S_IFMT(os.fstat(fd).st_mode)
+    if kind != stat.S_IFREG:
+        os.close(fd)
+        what = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+                stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}.get(kind, "not a regular file")
+        raise HTTPError(400, f"path {shown!r} is not a regular file ({what})", "not_regular")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_capped(fd: int, limit: int, shown: str) -> bytearray:
+    """The content of the regular file `fd`, at most `limit` bytes (413, kind "too_large", above it). The buffer is
+    sized from fstat, so a sparse file claiming terabytes is refused before anything is allocated or read."""
+    too_big = HTTPError(413, f"file {shown!r} is larger than {limit} bytes; read it in parts via exec", "too_large")
+    size = os.fstat(fd).st_size
+    if size > limit:
+        raise too_big
+    buf = bytearray(size + 1)  # one more: the file may have grown since fstat
+    got = 0
+    while True:
+        if got == len(buf):
+            if got > limit:
+                raise too_big
+            buf.extend(bytes(min(len(buf), limit + 1 - got)))
+        n = os.readv(fd, [memoryview(buf)[got:]])
+        if n == 0:
+            del buf[got:]
+            return buf
+        got += n
 
 
 # ---------------------------------------------------------------- exec
@@ -210,9 +372,10 @@ class ExecRun:
             data = data[: max(room, 0)]
         buf += data
 
-    def pump(self, proc: subprocess.Popen, deadline: float, exited) -> bool:
+    def pump(self, proc: subprocess.Popen, deadline: float, exited, grace: float = EXIT_GRACE_S) -> bool:
         """Read both pipes until they close and the main process exits. Stops at the deadline (sets timed_out),
-        or EXIT_GRACE_S after the main process exited while background processes still hold the pipes.
+        or `grace` seconds after the main process exited while background processes still hold the pipes (a
+        command that leaves nothing holding them returns when its pipes close, never waiting for the grace).
         Returns True when the pipes closed and the main process exited (no kill needed). `exited()` says whether
         the main process exited (used only without pidfd; never Popen.poll, which would reap it behind the reaper)."""
         sel = selectors.DefaultSelector()
@@ -238,7 +401,7 @@ class ExecRun:
                     return False
                 wait = deadline - now
                 if exited_at is not None:
-                    wait = min(wait, exited_at + EXIT_GRACE_S - now)
+                    wait = min(wait, exited_at + grace - now)
                     if wait <= 0:
                         return False  # background processes hold the pipes: the caller kills the group
                 elif pidfd is None:
@@ -372,8 +535,10 @@ class Agent:
     """Request handlers. Tracks the process groups it started (for timeouts and shutdown) and reaps every child
     (`Reaper`)."""
 
-    def __init__(self, workspace: str, identity: Identity | None = None, writable: tuple[str, ...] = ()) -> None:
+    def __init__(self, workspace: str, identity: Identity | None = None, writable: tuple[str, ...] = (), *,
+                 exit_grace_s: float = EXIT_GRACE_S) -> None:
         self.workspace = os.path.realpath(workspace)
+        self.exit_grace_s = exit_grace_s
         self.writable = tuple(os.path.realpath(d) for d in writable)
         self.identity = identity or Identity(None)
         self._groups: set[int] = set()
@@ -398,7 +563,7 @@ class Agent:
     def exec(self, req: dict) -> dict:
         argv = _argv(req.get("cmd"))
         timeout = _number(req, "timeout", 30.0)
-        limit = int(_number(req, "output_limit", DEFAULT_OUTPUT_LIMIT))
+        limit = int(min(_number(req, "output_limit", DEFAULT_OUTPUT_LIMIT), MAX_READ))
         kill_leftovers = req.get("kill_leftovers", False)
         if not isinstance(kill_leftovers, bool):
             raise HTTPError(400, f"field 'kill_leftovers' must be true or false, got {kill_leftovers!r}")
@@ -434,7 +599,7 @@ class Agent:
 
     def _finish(self, run: ExecRun, proc: subprocess.Popen, deadline: float, start: float) -> dict:
         try:
-            closed = run.pump(proc, deadline, lambda: self._reaper.exited(proc.pid))
+            closed = run.pump(proc, deadline, lambda: self._reaper.exited(proc.pid), self.exit_grace_s)
         except BaseException:
             _killpg(proc.pid)
             raise
@@ -448,16 +613,21 @@ class Agent:
         return _result(None if run.timed_out else code, run.out, run.err, run.timed_out, run.truncated, start)
 
     def write(self, req: dict) -> dict:
+        content, mode = req.get("content_b64") or "", req.get("mode", 0o644)
+        if not isinstance(content, str):
+            raise HTTPError(400, "field 'content_b64' must be a base64 string")
+        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
+            raise HTTPError(400, f"field 'mode' must be a permission number such as 420 (0o644), got {mode!r}")
         try:
-            data = base64.b64decode(req.get("content_b64") or "", validate=True)
+            data = base64.b64decode(content, validate=True)
         except ValueError as e:
             raise HTTPError(400, f"field 'content_b64' is not valid base64: {e}") from None
-        mode = int(req.get("mode", 0o644))
+        roots = (self.workspace, *self.writable)
         with self.identity.files(), _Denied403(req.get("path")):
             target = resolve_in_workspace(self.workspace, req.get("path"), self.writable)
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            resolve_in_workspace(self.workspace, target, self.writable)  # a parent may be a symlink made meanwhile
-            fd = _open_regular(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode, req["path"])
+            target = resolve_in_workspace(self.workspace, target, self.writable)  # a parent may be a symlink now
+            fd = open_regular(target, roots, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode, req["path"])
             try:
                 view = memoryview(data)
                 while view:
@@ -467,19 +637,14 @@ class Agent:
                 os.close(fd)
         return {"ok": True, "bytes": len(data)}
 
-    def read(self, req: dict) -> dict:
+    def read(self, req: dict) -> "Base64Body":
         with self.identity.files(), _Denied403(req.get("path")):
             target = resolve_in_workspace(self.workspace, req.get("path"), self.writable)
-            fd = _open_regular(target, os.O_RDONLY, 0, req["path"])
-        with open(fd, "rb") as f:
-            too_big = HTTPError(413, f"file {req['path']!r} is larger than {MAX_READ} bytes; read it in parts via "
-                                     "exec", "too_large")
-            if os.fstat(fd).st_size > MAX_READ:
-                raise too_big
-            data = f.read(MAX_READ + 1)  # bounded: the file may grow while it is read
-            if len(data) > MAX_READ:
-                raise too_big
-            return {"content_b64": base64.b64encode(data).decode("ascii")}
+            fd = open_regular(target, (self.workspace, *self.writable), os.O_RDONLY, 0, req["path"])
+        try:
+            return Base64Body(read_capped(fd, MAX_READ, req["path"]))
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------ leftovers
 
@@ -498,8 +663,9 @@ class Agent:
                     return len(seen)
                 seen |= live
                 if time.monotonic() > end:
-                    raise HTTPError(500, f"{len(live)} process(es) of the command user survived SIGKILL for "
-                                         f"{KILL_ALL_DEADLINE_S:.0f}s: {sorted(live)[:10]}")
+                    raise HTTPError(409, f"policy processes survived kill: {len(live)} process(es) of the command "
+                                         f"user survived SIGKILL for {KILL_ALL_DEADLINE_S:g}s: {sorted(live)[:10]}",
+                                    "survivors")
                 if self.identity.separated:
                     self._signal_all_as_command_user()
                 else:
@@ -606,25 +772,6 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _open_regular(path: str, flags: int, mode: int, shown: str) -> int:
-    """os.open that never blocks on a FIFO or device (O_NONBLOCK), never follows a symlink swapped in after the path
-    was resolved (O_NOFOLLOW), and refuses anything but a regular file (400, kind "not_regular")."""
-    try:
-        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW, mode)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
-            raise HTTPError(400, f"path {shown!r} is not a regular file ({e.strerror})", "not_regular") from None
-        raise
-    kind = stat.S_IFMT(os.fstat(fd).st_mode)
-    if kind != stat.S_IFREG:
-        os.close(fd)
-        what = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
-                stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}.get(kind, "not a regular file")
-        raise HTTPError(400, f"path {shown!r} is not a regular file ({what})", "not_regular")
-    os.set_blocking(fd, True)
-    return fd
-
-
 def _result(code: int | None, out: bytes, err: bytes, timed_out: bool, truncated: bool, start: float) -> dict:
     return {"exit_code": code, "stdout": bytes(out).decode("utf-8", "replace"),
             "stderr": bytes(err).decode("utf-8", "replace"), "timed_out": timed_out, "truncated": truncated,
@@ -668,40 +815,192 @@ def _str_map(value: object, key: str) -> dict[str, str]:
 
 # ---------------------------------------------------------------- HTTP/1.1
 
+MAX_REQUEST_LINE = 8192
+MAX_HEAD = 16 * 1024  # request line + headers
+MAX_HEADERS = 64
+MAX_PENDING = 128  # connections still sending their first request head; beyond it the oldest is dropped
+MAX_WORKERS = 32  # authorized connections served at once, one thread each; beyond it new ones get 503
+HANDSHAKE_TIMEOUT_S = 10.0  # a new connection must send a complete first request head within this
+IDLE_TIMEOUT_S = 300.0  # an authorized keep-alive connection silent this long is closed (the client reuses < 60 s)
+ACCEPTS_PER_ROUND = 64
 
-def serve_connection(conn: socket.socket, agent: Agent, token: str | None) -> None:
-    """Keep-alive loop for one connection: parse a request, dispatch, answer, repeat until EOF or close."""
-    rfile = conn.makefile("rb", buffering=CHUNK)
+
+class Base64Body:
+    """The answer {"content_b64": ...} of /read, written in pieces: the file's bytes are held once and their base64
+    is made and sent 768 KiB at a time, so the agent's memory for a read is the file's size, not several times it."""
+
+    PREFIX, SUFFIX, STEP = b'{"content_b64": "', b'"}', 3 * 256 * 1024
+
+    def __init__(self, data: bytearray) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.PREFIX) + 4 * ((len(self.data) + 2) // 3) + len(self.SUFFIX)
+
+    def send(self, conn: socket.socket, head: bytes) -> None:
+        view = memoryview(self.data)
+        first = base64.b64encode(view[: self.STEP])
+        conn.sendall(head + self.PREFIX + first + (self.SUFFIX if len(view) <= self.STEP else b""))
+        for i in range(self.STEP, len(view), self.STEP):
+            conn.sendall(base64.b64encode(view[i: i + self.STEP]) + (self.SUFFIX if i + self.STEP >= len(view)
+                                                                      else b""))
+
+
+class _Reader:
+    """Buffered reads from a connection, starting with the bytes the acceptor already received."""
+
+    def __init__(self, conn: socket.socket, initial: bytes = b"") -> None:
+        self.conn = conn
+        self.buf = bytearray(initial)
+
+    def _fill(self) -> bool:
+        data = self.conn.recv(CHUNK)
+        self.buf += data
+        return bool(data)
+
+    def readline(self, limit: int) -> bytes:
+        """Up to and including the next b"\\n"; fewer bytes at EOF; `limit` bytes when the line is longer."""
+        scanned = 0
+        while True:
+            i = self.buf.find(b"\n", scanned, limit)
+            if i >= 0:
+                n = i + 1
+                break
+            if len(self.buf) >= limit:
+                n = limit
+                break
+            scanned = len(self.buf)
+            if not self._fill():
+                n = len(self.buf)
+                break
+        line = bytes(self.buf[:n])
+        del self.buf[:n]
+        return line
+
+    def read(self, n: int) -> bytes | bytearray:
+        """Exactly `n` bytes, fewer only at EOF."""
+        if len(self.buf) >= n:
+            out = bytes(self.buf[:n])
+            del self.buf[:n]
+            return out
+        out, self.buf = self.buf, bytearray()
+        while len(out) < n:
+            data = self.conn.recv(min(n - len(out), 1 << 20))
+            if not data:
+                break
+            out += data
+        return out
+
+
+class _Head:
+    """A parsed request line and headers."""
+
+    def __init__(self, method: str, target: str, headers: dict[str, str], length: int) -> None:
+        self.method, self.target, self.headers, self.length = method, target, headers, length
+
+    @property
+    def keep_alive(self) -> bool:
+        return self.headers.get("connection", "").lower() != "close"
+
+
+def _read_head(reader: _Reader) -> _Head | None:
+    """The next request head, None at EOF before it; HTTPError(400/431) for a malformed or oversized one."""
+    line = reader.readline(MAX_REQUEST_LINE + 1)
+    if not line:
+        return None
+    parts = line.decode("latin-1").split()
+    if len(parts) != 3 or not line.endswith(b"\n"):
+        raise HTTPError(400, f"bad request line {line[:100]!r}")
+    headers: dict[str, str] = {}
+    size = len(line)
+    while True:
+        h = reader.readline(MAX_HEAD + 1)
+        size += len(h)
+        if size > MAX_HEAD or len(headers) >= MAX_HEADERS:
+            raise HTTPError(431, f"request head larger than {MAX_HEAD} bytes or {MAX_HEADERS} headers")
+        if h in (b"\r\n", b"\n"):
+            break
+        if not h.endswith(b"\n"):
+            raise HTTPError(400, "connection closed inside the request head")
+        name, _, value = h.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = headers.get("content-length", "0").strip() or "0"
+    if not length.isdigit():  # digits only: a negative length must not read to EOF
+        raise HTTPError(400, f"bad Content-Length {length[:40]!r}")
+    return _Head(parts[0], parts[1], headers, int(length))
+
+
+def _head_complete(buf: bytearray) -> bool:
+    return b"\r\n\r\n" in buf or b"\n\n" in buf
+
+
+def _answer(conn: socket.socket, status: int, obj: "dict | Base64Body", keep: bool) -> None:
+    tail = "" if keep else "Connection: close\r\n"
+    if isinstance(obj, Base64Body):
+        head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(obj)}\r\n{tail}\r\n").encode()
+        obj.send(conn, head)
+        return
+    payload = json.dumps(obj).encode()
+    head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n{tail}\r\n")
+    conn.sendall(head.encode() + payload)
+
+
+def _error_body(e: HTTPError) -> dict:
+    return {"error": e.message, **({"kind": e.kind} if e.kind else {})}
+
+
+def _refuse(conn: socket.socket, e: HTTPError) -> None:
+    """Best-effort answer on a connection about to be closed by the acceptor (never blocks it)."""
+    payload = json.dumps(_error_body(e)).encode()
+    try:
+        conn.send(f"HTTP/1.1 {e.status} {_REASONS.get(e.status, 'Error')}\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
+    except OSError:
+        pass
+    conn.close()
+
+
+def serve_connection(conn: socket.socket, agent: Agent, token: str | None, reader: _Reader,
+                     head: _Head | None = None) -> None:
+    """Keep-alive loop for one authorized connection: read a request, check its token before reading its body,
+    dispatch, answer, repeat until EOF, close, a malformed request or IDLE_TIMEOUT_S of silence."""
     try:
         while True:
-            request = _read_request(rfile)
-            if request is None:
+            try:
+                head = head or _read_head(reader)
+            except HTTPError as e:
+                _answer(conn, e.status, _error_body(e), False)
                 return
-            method, target, headers, body = request
-            status, obj = _handle(agent, token, method, target, headers, body)
-            keep = headers.get("connection", "").lower() != "close"
-            payload = json.dumps(obj).encode()
-            head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(payload)}\r\n{'' if keep else 'Connection: close' + chr(13) + chr(10)}\r\n")
-            conn.sendall(head.encode() + payload)
-            if not keep:
+            if head is None:
                 return
-    except (OSError, ValueError):  # peer gone, or a request we cannot parse: drop the connection
+            if token is not None and not _authorized(head.headers, token):
+                _answer(conn, 401, {"error": "missing or wrong bearer token (header 'Authorization: Bearer "
+                                             "<token>')"}, False)
+                return
+            if head.length > MAX_BODY:
+                _answer(conn, 413, {"error": f"request body larger than {MAX_BODY} bytes"}, False)
+                return
+            body = reader.read(head.length) if head.length else b""
+            if len(body) != head.length:
+                return
+            status, obj = _handle(agent, head.method, head.target, body)
+            _answer(conn, status, obj, head.keep_alive)
+            if not head.keep_alive:
+                return
+            head = None
+    except (OSError, ValueError):  # peer gone, idle timeout: drop the connection
         return
     finally:
-        rfile.close()
         conn.close()
 
 
-def _handle(agent: Agent, token: str | None, method: str, target: str, headers: dict, body: bytes | None):
+def _handle(agent: Agent, method: str, target: str, body: bytes) -> tuple[int, "dict | Base64Body"]:
     try:
-        if token is not None and not _authorized(headers, token):
-            raise HTTPError(401, "missing or wrong bearer token (header 'Authorization: Bearer <token>')")
-        if body is None:
-            raise HTTPError(413, f"request body larger than {MAX_BODY} bytes")
         return 200, agent.dispatch(method, target, body)
     except HTTPError as e:
-        return e.status, {"error": e.message, **({"kind": e.kind} if e.kind else {})}
+        return e.status, _error_body(e)
     except FileNotFoundError as e:
         return 404, {"error": f"not found: {e.filename or e}"}
     except (IsADirectoryError, NotADirectoryError) as e:
@@ -719,27 +1018,153 @@ def _authorized(headers: dict, token: str) -> bool:
     return value.startswith("Bearer ") and hmac.compare_digest(value[7:].encode(), token.encode())
 
 
-def _read_request(rfile) -> tuple[str, str, dict, bytes | None] | None:
-    line = rfile.readline(65537)
-    if not line:
-        return None
-    parts = line.decode("latin-1").split()
-    if len(parts) != 3:
-        raise ConnectionError(f"bad request line {line!r}")
-    headers: dict[str, str] = {}
-    while True:
-        h = rfile.readline(65537)
-        if h in (b"\r\n", b"\n", b""):
-            break
-        name, _, value = h.decode("latin-1").partition(":")
-        headers[name.strip().lower()] = value.strip()
-    length = int(headers.get("content-length", "0") or 0)
-    if length > MAX_BODY:
-        return parts[0], parts[1], {**headers, "connection": "close"}, None
-    body = rfile.read(length) if length else b""
-    if len(body) != length:
-        return None
-    return parts[0], parts[1], headers, body
+def _from_inside(conn: socket.socket) -> bool:
+    """A tcp connection whose peer address is the agent's own: it comes from inside the sandbox (pod), never from
+    the host side. Unix sockets: False (only the host side can reach the socket under uid separation)."""
+    if conn.family == socket.AF_UNIX:
+        return False
+    try:
+        return conn.getpeername()[0] == conn.getsockname()[0]
+    except OSError:
+        return True
+
+
+class Acceptor:
+    """Accepts connections and holds each, in this one thread, until its first request head is complete: at most
+    MAX_PENDING at once, each for at most `handshake_timeout_s`, at most MAX_HEAD bytes. Only then is the bearer
+    token checked; an authorized connection gets a worker thread (at most MAX_WORKERS), a wrong token 401 and close.
+    A flood of idle or unauthenticated connections from inside the sandbox therefore costs the agent no thread and
+    a bounded number of file descriptors. When full, a new connection pushes out the oldest pending one that came
+    from the sandbox itself (tcp: its peer address is the agent's own), so a flood from inside cannot push out the
+    host's connection while its request is on the way; only without such a one the oldest of all."""
+
+    def __init__(self, sock: socket.socket, agent: Agent, token: str | None, *,
+                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
+        self.sock, self.agent, self.token = sock, agent, token
+        self.handshake_timeout_s = handshake_timeout_s
+        self.sel = selectors.DefaultSelector()
+        self.pending: dict[socket.socket, tuple[bytearray, float, bool]] = {}  # in accept order; bool: local
+        self.workers = 0
+        self._lock = threading.Lock()
+
+    def serve_forever(self) -> None:
+        self.sock.setblocking(False)
+        self.sel.register(self.sock, selectors.EVENT_READ)
+        while True:
+            ready = self.sel.select(self._wait())
+            accept = False
+            for key, _ in ready:
+                if key.fileobj is self.sock:
+                    accept = True
+                elif key.fileobj in self.pending:
+                    self._receive(key.fileobj)
+            if accept:
+                self._accept()
+            self._expire()
+
+    def _wait(self) -> float | None:
+        if not self.pending:
+            return None
+        return max(0.0, next(iter(self.pending.values()))[1] - time.monotonic())
+
+    def _accept(self) -> None:
+        for _ in range(ACCEPTS_PER_ROUND):
+            try:
+                conn, _ = self.sock.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:  # EMFILE/ENFILE/ENOBUFS: shed the oldest pending connection, else back off
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    if self.pending:
+                        self._drop(self._victim())
+                    else:
+                        time.sleep(0.01)
+                return
+            conn.setblocking(False)
+            if conn.family != socket.AF_UNIX:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            while len(self.pending) >= MAX_PENDING:
+                self._drop(self._victim())
+            self.pending[conn] = (bytearray(), time.monotonic() + self.handshake_timeout_s, _from_inside(conn))
+            self.sel.register(conn, selectors.EVENT_READ)
+            self._receive(conn)  # the client usually sent its request with the connect
+
+    def _victim(self) -> socket.socket:
+        """The pending connection to push out: the oldest from inside the sandbox, else the oldest."""
+        return next((c for c, (_, _, inside) in self.pending.items() if inside), next(iter(self.pending)))
+
+    def _receive(self, conn: socket.socket) -> None:
+        buf = self.pending[conn][0]
+        try:
+            data = conn.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+            return
+        buf += data
+        if _head_complete(buf):
+            self._admit(conn, buf)
+        elif len(buf) > MAX_HEAD:
+            self._forget(conn)
+            _refuse(conn, HTTPError(431, f"request head larger than {MAX_HEAD} bytes"))
+
+    def _admit(self, conn: socket.socket, buf: bytearray) -> None:
+        self._forget(conn)
+        reader = _Reader(conn, bytes(buf))
+        try:
+            head = _read_head(reader)  # complete in the buffer: no recv on the non-blocking socket
+        except (HTTPError, OSError) as e:
+            _refuse(conn, e if isinstance(e, HTTPError) else HTTPError(400, "malformed request head"))
+            return
+        if head is None:
+            conn.close()
+            return
+        if self.token is not None and not _authorized(head.headers, self.token):
+            _refuse(conn, HTTPError(401, "missing or wrong bearer token (header 'Authorization: Bearer <token>')"))
+            return
+        with self._lock:
+            full = self.workers >= MAX_WORKERS
+            if not full:
+                self.workers += 1
+        if full:
+            _refuse(conn, HTTPError(503, f"the agent serves {MAX_WORKERS} connections already"))
+            return
+        conn.setblocking(True)
+        conn.settimeout(IDLE_TIMEOUT_S)
+        try:
+            threading.Thread(target=self._work, args=(conn, reader, head), daemon=True).start()
+        except RuntimeError:  # no thread can be started (pids limit): answer and drop
+            self._done()
+            _refuse(conn, HTTPError(503, "the agent cannot start a thread for this connection"))
+
+    def _work(self, conn: socket.socket, reader: _Reader, head: _Head) -> None:
+        try:
+            serve_connection(conn, self.agent, self.token, reader, head)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        with self._lock:
+            self.workers -= 1
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self.pending:
+            conn, (_, deadline, _) = next(iter(self.pending.items()))
+            if deadline > now:
+                return
+            self._drop(conn)
+
+    def _forget(self, conn: socket.socket) -> None:
+        del self.pending[conn]
+        self.sel.unregister(conn)
+
+    def _drop(self, conn: socket.socket) -> None:
+        self._forget(conn)
+        conn.close()
 
 
 # ---------------------------------------------------------------- main
@@ -777,12 +1202,14 @@ def _token(opts: dict[str, str]) -> str | None:
 
 
 USAGE = ("usage: agent.py (--unix PATH | --tcp HOST:PORT [--token-file FILE]) --workspace DIR [--run-as UID:GID] "
-         "[--writable DIR[:DIR...]]")
-OPTIONS = ("--unix", "--tcp", "--token-file", "--workspace", "--run-as", "--writable")
+         "[--writable DIR[:DIR...]] [--exit-grace SECONDS] [--handshake-timeout SECONDS]")
+OPTIONS = ("--unix", "--tcp", "--token-file", "--workspace", "--run-as", "--writable", "--exit-grace",
+           "--handshake-timeout")
 
 
 def _parse(argv: list[str] | None) -> dict[str, str]:
-    """--unix | --tcp, --token-file, --workspace, --run-as, --writable (hand-parsed: argparse costs ~10 ms)."""
+    """--unix | --tcp, --token-file, --workspace, --run-as, --writable, --exit-grace, --handshake-timeout
+    (hand-parsed: argparse costs ~10 ms)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) % 2 or any(k not in OPTIONS for k in args[::2]):
         sys.exit(USAGE)
@@ -801,6 +1228,19 @@ def _run_as(value: str | None) -> tuple[int, int] | None:
     return int(uid), int(gid)
 
 
+def _seconds(opts: dict[str, str], name: str, default: float) -> float:
+    value = opts.get(name)
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < 3600:
+        sys.exit(f"agent: {name} {value!r}: use a number of seconds between 0 and 3600, e.g. {name} {default:g}")
+    return seconds
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
@@ -813,16 +1253,15 @@ def main(argv: list[str] | None = None) -> int:
     for d in (opts["--workspace"], *writable):
         os.makedirs(d, exist_ok=True)
     identity.setup(_prctl_setup(), opts["--workspace"], writable)
-    agent = Agent(opts["--workspace"], identity, writable)
+    agent = Agent(opts["--workspace"], identity, writable,
+                  exit_grace_s=_seconds(opts, "--exit-grace", EXIT_GRACE_S))
     sock = _listen(opts)
+    acceptor = Acceptor(sock, agent, token,
+                        handshake_timeout_s=_seconds(opts, "--handshake-timeout", HANDSHAKE_TIMEOUT_S))
     signal.signal(signal.SIGTERM, _on_sigterm)
     print(READY_LINE, flush=True)
     try:
-        while True:
-            conn, _ = sock.accept()
-            if conn.family != socket.AF_UNIX:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=serve_connection, args=(conn, agent, token), daemon=True).start()
+        acceptor.serve_forever()
     finally:
         agent.kill_groups()
         sock.close()

@@ -10,12 +10,19 @@ Exceptions raised by `Sandbox` methods:
                                                `.in_flight` says whether a request had been sent when it broke
     SandboxError     (agentrl.errors, infra)   the agent answered 5xx or rejected our token (a bug or misconfig)
     SandboxPathError (PermissionError)         403: the path resolves outside the workspace, or the sandbox user may
-                                               not access it -> a tool error / the policy's doing
+                                               not access it; 400 kind "bad_path": it cannot be resolved (more than
+                                               40 symlinks, a loop, NUL, too long) -> a tool error / the policy's
+                                               doing, never infra
     SandboxFileError (ValueError)              the path is not a regular file (directory, FIFO, socket, device,
                                                symlink) or is larger than the agent's read cap (413): the policy's
                                                doing, never infra
     FileNotFoundError                          404 from /read
+    SandboxSurvivorsError (agentrl.errors      409 kind "survivors": processes of the sandbox user survived SIGKILL
+      .PolicyError)                            (/kill_all, kill_leftovers): the policy's doing, scored
     ValueError                                 400: bad arguments
+
+Idle keep-alive connections are reused for at most IDLE_REUSE_S (the agent closes them after 300 s of silence;
+never sending on one it may be closing at that moment keeps a request from being lost on it).
 """
 
 from __future__ import annotations
@@ -25,19 +32,28 @@ import base64
 import json
 import select
 import socket
+import time
 from typing import Any
 
-from agentrl.errors import SandboxDiedError, SandboxError
+from agentrl.errors import PolicyError, SandboxDiedError, SandboxError
 from agentrl.sandbox.base import AgentEndpoint, ExecResult, SandboxHandle, SandboxSpec
 
 EXEC_GRACE_S = 10.0  # client-side deadline of an exec = its timeout + this (a hung agent never hangs the caller)
 IO_TIMEOUT_S = 60.0  # deadline of /read, /write
 HEALTH_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 4  # per sandbox: concurrent requests beyond this wait
+IDLE_REUSE_S = 60.0  # an idle keep-alive connection older than this is closed, not reused (agent: 300 s)
 
 
 class SandboxPathError(PermissionError):
     """The agent refused a path outside the workspace (HTTP 403). A task-level failure: report it to the model."""
+
+
+class SandboxSurvivorsError(PolicyError):
+    """The agent could not kill the sandbox user's processes (HTTP 409, kind "survivors"): they survived SIGKILL for
+    seconds. Only the policy's commands run as that user: the policy's doing, scored, never infra."""
+
+    kind = "processes_survived_kill"
 
 
 class SandboxFileError(ValueError):
@@ -57,6 +73,7 @@ class _Connection:
         self.writer = writer
         self.reusable = True
         self.sent = False  # the current request was handed to the transport (the agent may be acting on it)
+        self.idle_since = time.monotonic()
 
     def stale(self) -> bool:
         """The agent closed this idle connection (it exited, or dropped it): do not send on it. Asks the kernel
@@ -142,9 +159,10 @@ class AgentClient:
         return status, _decode(raw, status)
 
     def _take_idle(self) -> _Connection | None:
+        now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
-            if not conn.stale():
+            if now - conn.idle_since < IDLE_REUSE_S and not conn.stale():
                 return conn
             conn.close()
         return None
@@ -162,6 +180,7 @@ class AgentClient:
 
     def _release(self, conn: _Connection) -> None:
         if conn.reusable and not self._closed:
+            conn.idle_since = time.monotonic()
             self._idle.append(conn)
         else:
             conn.close()
@@ -194,10 +213,13 @@ def _raise_for(status: int, obj: dict[str, Any], what: str) -> None:
     if status == 200:
         return
     msg = f"{what}: {obj.get('error')}"
-    if status == 403:
+    kind = obj.get("kind")
+    if status == 403 or (status == 400 and kind == "bad_path"):
         raise SandboxPathError(msg)
-    if status == 413 or (status == 400 and obj.get("kind") == "not_regular"):
-        raise SandboxFileError(msg, obj.get("kind") or "too_large")
+    if status == 409 and kind == "survivors":
+        raise SandboxSurvivorsError(msg)
+    if status == 413 or (status == 400 and kind == "not_regular"):
+        raise SandboxFileError(msg, kind or "too_large")
     if status == 404:
         raise FileNotFoundError(msg)
     if status in (400, 413):

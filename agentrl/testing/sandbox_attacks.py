@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agentrl.sandbox.client import Sandbox
+from agentrl.sandbox.client import Sandbox, SandboxPathError
 
 # prints the pid of the agent (found through /proc/*/cmdline, which every process may read) and its --unix socket
 FIND_AGENT = r"""
@@ -144,5 +144,36 @@ async def attack_daemon_with_kill_leftovers(sb: Sandbox) -> None:
     await still_serves(sb)
 
 
+SYMLINK_CHAIN = r"""
+import os
+os.makedirs('chain', exist_ok=True)
+os.symlink('../chain-target.txt', 'chain/0')
+for i in range(1, 1200):
+    os.symlink(str(i - 1), f'chain/{i}')
+os.symlink('chain/1199', 'chained.py')
+os.symlink('loop-b', 'loop-a')
+os.symlink('loop-a', 'loop-b')
+open('chain-target.txt', 'w').write('x')
+"""
+
+
+async def attack_unresolvable_paths(sb: Sandbox) -> None:
+    """A 1,200-link symlink chain and a loop where the host reads or writes: a path error (the policy's), never an
+    agent error (5xx: infra, unscored) and never a hang."""
+    r = await sb.exec(["python3", "-c", SYMLINK_CHAIN])
+    assert r.exit_code == 0, r
+    for path in ("chained.py", "loop-a", "loop-a/deeper.py"):
+        for request in (sb.read_file(path), sb.write_file(path, "y")):
+            try:
+                async with asyncio.timeout(10):
+                    await request
+            except SandboxPathError as exc:
+                assert "symbolic links" in str(exc), exc
+            else:
+                raise AssertionError(f"{path}: the agent followed an unresolvable path")
+    await still_serves(sb)
+
+
 ALL = (attack_kill_everything, attack_signal_the_agent, attack_read_the_agent, attack_ptrace_the_agent,
-       attack_socket_dir, attack_daemon_outlives_the_call, attack_daemon_with_kill_leftovers)
+       attack_socket_dir, attack_daemon_outlives_the_call, attack_daemon_with_kill_leftovers,
+       attack_unresolvable_paths)

@@ -139,6 +139,9 @@ FIFO = "import os\nos.remove('solution.py')\nos.mkfifo('solution.py')\nprint('fi
 SYMLINK = "import os\nos.remove('solution.py')\nos.symlink('/etc/hostname', 'solution.py')\nprint('link')"
 DIRECTORY = "import os\nos.remove('solution.py')\nos.mkdir('solution.py')\nprint('dir')"
 HUGE = "open('solution.py', 'w').write('# ' + 'x' * (80 * 1024 * 1024) + '\\n')\nprint('huge')"
+SYMLINK_CHAIN = ("import os\nos.makedirs('links')\nos.symlink('../x.py', 'links/0')\nfor i in range(1, 1200):\n"
+                 "    os.symlink(str(i - 1), f'links/{i}')\nos.remove('solution.py')\n"
+                 "os.symlink('links/1199', 'solution.py')\nprint('chain')")  # the agent used to recurse: 500, infra
 
 WRONG = f"def {ENTRY}(a, b):\n    return None"
 
@@ -156,6 +159,7 @@ ATTACKS: dict[str, list[str]] = {
     "solution_symlink": [SYMLINK],
     "solution_directory": [DIRECTORY],
     "solution_huge": [HUGE],
+    "solution_symlink_chain": [_write_solution(f"def {ENTRY}(a, b):\n    return a + b\n"), SYMLINK_CHAIN],
 }
 
 

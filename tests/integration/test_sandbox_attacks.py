@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from local_sandbox_support import root_bwrap_problem, state_dir  # noqa: F401 (a fixture)
 
-from agentrl.errors import SandboxDiedError
+from agentrl.errors import SandboxDiedError, SandboxError
+from agentrl.runner.attribution import Stage, classify
 from agentrl.sandbox import SandboxFileError, SandboxPathError, SandboxPool, SandboxSpec
 from agentrl.sandbox.agent import MAX_READ
 from agentrl.sandbox.local import LocalBackend
@@ -80,6 +81,59 @@ async def test_reading_a_planted_solution_file_is_a_policy_error_not_infra(pool:
                 await sb.read_file("solution.py")
         assert not isinstance(info.value, SandboxDiedError)
         await sandbox_attacks.still_serves(sb)
+
+
+# ---------------------------------------------------------------- a symlink chain where the env reads (issue 22)
+
+CHAIN = """
+import os, sys
+path, n = sys.argv[1], int(sys.argv[2])
+os.makedirs('links', exist_ok=True)
+os.symlink('../target.txt', 'links/0')
+for i in range(1, n):
+    os.symlink(str(i - 1), f'links/{i}')
+if os.path.lexists(path):
+    os.remove(path)
+os.symlink(f'links/{n - 1}', path)
+open('target.txt', 'w').write('x = 1')
+"""
+
+
+@pytest.mark.parametrize("path", ["solution.py", "main.py", "report.xml"])
+async def test_a_symlink_chain_where_the_env_reads_is_a_policy_error_not_infra(pool: SandboxPool, path: str) -> None:
+    """1,200 links at a path the runner or an env reads: the agent used to recurse (RecursionError, 500, infra: a
+    dodge on demand). Now a path error, which failure attribution charges to the policy."""
+    async with pool.lease() as sb:
+        assert (await sb.exec(["python3", "-c", CHAIN, path, "1200"])).exit_code == 0
+        async with asyncio.timeout(10):
+            with pytest.raises(SandboxPathError, match="symbolic links") as info:
+                await sb.read_file(path)
+            with pytest.raises(SandboxPathError):
+                await sb.write_file(path, "overwritten")
+        assert not isinstance(info.value, SandboxError)
+        verdict = classify(info.value, Stage.finalize)
+        assert not verdict.infra and verdict.kind == "finalize_failed", verdict
+        await sandbox_attacks.still_serves(sb)
+
+
+async def test_a_symlink_chain_at_solution_py_is_scored_zero_by_code_tests(pool: SandboxPool) -> None:
+    """Through the env that reads solution.py: a correct solution replaced by a chain is a scored 0 with the
+    reason, not an exception (which would end the trajectory unscored)."""
+    from agentrl_code_tests import CodeTestsEnv
+
+    from agentrl.types import ToolCall
+
+    env = CodeTestsEnv(source="easy")
+    task = next(t for t in env.tasks() if t.id == "easy/add")
+    async with pool.lease() as sb:
+        await env.setup(sb, task)
+        await env.call_tool(sb, ToolCall(id="c0", name="run_python", arguments={
+            "code": "def add(a, b):\n    return a + b\n"}), task=task)
+        assert (await sb.exec(["python3", "-c", CHAIN, "solution.py", "1200"])).exit_code == 0
+        async with asyncio.timeout(30):
+            report = await env.finalize(sb, task)
+    assert report.error is None and report.passed == 0 and report.total == 5, report
+    assert all("could not be read" in o.message and "symbolic links" in o.message for o in report.outcomes)
 
 
 # ---------------------------------------------------------------- facts for failure attribution

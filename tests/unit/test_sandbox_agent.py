@@ -4,6 +4,7 @@ process on a unix socket (or tcp + token) in a tmp dir, and every request goes t
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -345,3 +346,281 @@ async def test_run_as_separates_commands_and_files_from_the_agent(separated) -> 
     assert await sb.kill_all() >= 1 and await sb.kill_all() == 0
     assert (await sb.exec("echo ok")).stdout == "ok\n" and proc.poll() is None
     await sb.close()
+
+
+# ---------------------------------------------------------------- hostile paths (issue 22)
+
+CHAIN = ("import os\nos.makedirs('links', exist_ok=True)\nos.symlink('../target.py', 'links/{path}0')\n"
+         "for i in range(1, {n}):\n    os.symlink(f'{path}{{i-1}}', f'links/{path}{{i}}')\n"
+         "os.symlink(f'links/{path}{{{n} - 1}}', {path!r})\nopen('target.py', 'w').write('x = 1')\n")
+
+
+async def test_a_symlink_chain_or_loop_is_a_path_error_not_an_agent_error(sb: Sandbox) -> None:
+    """1,200 links (os.path.realpath recursed: RecursionError, 500, infra) and a loop: 400 bad_path, the policy's."""
+    assert (await sb.exec(["python3", "-c", CHAIN.format(n=1200, path="solution.py")])).exit_code == 0
+    assert (await sb.exec("ln -s loop-b loop-a && ln -s loop-a loop-b")).exit_code == 0
+    for path in ("solution.py", "loop-a", "loop-a/x.py"):
+        with pytest.raises(SandboxPathError, match="more than 40 symbolic links") as info:
+            await sb.read_file(path)
+        assert isinstance(info.value, PermissionError) and not isinstance(info.value, SandboxError)
+        with pytest.raises(SandboxPathError, match="symbolic links"):
+            await sb.write_file(path, "y")
+    assert (await sb.exec(["python3", "-c", CHAIN.format(n=30, path="short.py")])).exit_code == 0
+    assert await sb.read_file("short.py") == "x = 1"  # a chain within the kernel's limit still resolves
+    await sb.write_file("short.py", "x = 2")
+    assert await sb.read_file("target.py") == "x = 2"
+    assert (await sb.exec("echo alive")).stdout == "alive\n"
+
+
+@pytest.mark.parametrize("path", ["bad\x00name.py", "a/" * 2100 + "x.py", "\ud800.py"])
+async def test_unresolvable_request_paths_are_path_errors(sb: Sandbox, path: str) -> None:
+    with pytest.raises(SandboxPathError):
+        await sb.read_file(path)
+    with pytest.raises(SandboxPathError):
+        await sb.write_file(path, "x")
+    assert await sb.health()
+
+
+async def test_sparse_giant_file_and_device_link_never_hang_or_allocate(sb: Sandbox) -> None:
+    await sb.exec("truncate -s 1T giant.py && ln -s /dev/zero zero.py && ln -s /proc/self/fd/0 fd.py")
+    async with asyncio.timeout(10):
+        with pytest.raises(SandboxFileError, match="larger than") as info:
+            await sb.read_file("giant.py")
+        assert info.value.kind == "too_large"
+        for path in ("zero.py", "fd.py"):
+            with pytest.raises(SandboxPathError):
+                await sb.read_file(path)
+
+
+def _hwm_kib(pid: int) -> int:
+    return int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("VmHWM:")).split()[1])
+
+
+async def test_reading_a_large_file_costs_the_agent_about_its_size(sb: Sandbox, agent_proc) -> None:
+    """A policy-planted file just under the read cap must not cost the agent several times its size (the old /read
+    held the bytes, their base64, the JSON text and the encoded answer at once: an OOM kill of the agent, infra)."""
+    size = 40 * 1024 * 1024
+    assert (await sb.exec(f"head -c {size} /dev/urandom > big.bin", timeout=60)).exit_code == 0
+    before = _hwm_kib(agent_proc[0].pid)
+    data = await sb.read_bytes("big.bin")
+    assert len(data) == size and data == (agent_proc[2] / "big.bin").read_bytes()
+    grew = (_hwm_kib(agent_proc[0].pid) - before) * 1024
+    assert grew < 1.5 * size, f"the agent's peak memory grew by {grew / size:.1f}x the file's size"
+
+
+# ---------------------------------------------------------------- connections (issue 22)
+
+
+def _tcp_agent(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, int, Sandbox]:
+    port = _free_port()
+    (tmp_path / "token").write_text("s3cret\n")
+    proc = _start(["--tcp", f"127.0.0.1:{port}", "--token-file", str(tmp_path / "token"),
+                   "--workspace", str(tmp_path / "ws"), *extra])
+    handle = SandboxHandle(id="t", backend="test",
+                           endpoint=AgentEndpoint(kind="tcp", address=f"127.0.0.1:{port}", token="s3cret"))
+    return proc, port, Sandbox(handle, SandboxSpec())
+
+
+def _threads(pid: int) -> int:
+    return int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("Threads:")).split()[1])
+
+
+async def test_a_connection_flood_costs_no_threads_and_authorized_requests_are_served(tmp_path: Path) -> None:
+    """Hundreds of raw connections held open (silent, half a request head, a whole head with a wrong token) from
+    inside the sandbox: the agent's threads stay bounded and a request with the token is answered."""
+    proc, port, sb = _tcp_agent(tmp_path)
+    flood: list[socket.socket] = []
+    try:
+        assert (await sb.exec("echo before")).stdout == "before\n"
+        for i in range(600):
+            s = socket.create_connection(("127.0.0.1", port))
+            if i % 3 == 1:
+                s.sendall(b"POST /exec HTTP/1.1\r\nHost: agent\r\n")  # never finishes its head
+            elif i % 3 == 2:
+                s.sendall(b"GET /health HTTP/1.1\r\nAuthorization: Bearer wrong\r\n\r\n")
+            flood.append(s)
+        await asyncio.sleep(0.5)
+        assert _threads(proc.pid) <= 40, "a thread per unauthenticated connection"  # 32 workers at most
+        fresh = Sandbox(sb.handle, SandboxSpec())  # a new connection while the flood is held
+        async with asyncio.timeout(10):
+            assert (await fresh.exec("echo during")).stdout == "during\n"
+            assert (await sb.exec("echo kept")).stdout == "kept\n"  # the authorized keep-alive connection
+        await fresh.close()
+        fds = len(os.listdir(f"/proc/{proc.pid}/fd"))
+        assert fds <= 128 + 32 + 32, fds  # pending + workers + the agent's own
+        flood[2].settimeout(5)
+        assert flood[2].recv(4096).startswith(b"HTTP/1.1 401")  # a wrong token is answered and dropped
+        flood[0].settimeout(5)
+        assert flood[0].recv(4096) == b""  # the oldest silent connections were pushed out
+    finally:
+        for s in flood:
+            s.close()
+        await sb.close()
+        proc.kill()
+        proc.wait()
+
+
+async def test_a_silent_connection_is_closed_after_the_handshake_timeout(tmp_path: Path) -> None:
+    proc, port, sb = _tcp_agent(tmp_path, "--handshake-timeout", "0.5")
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.settimeout(5)
+            t0 = time.monotonic()
+            assert s.recv(100) == b""
+            assert time.monotonic() - t0 < 4
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+    finally:
+        await sb.close()
+        proc.kill()
+        proc.wait()
+
+
+def _raw_roundtrip(sock_path: Path, request: bytes) -> bytes:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(5)
+        s.connect(str(sock_path))
+        s.sendall(request)
+        return s.recv(65536)
+
+
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"POST /exec HTTP/1.1\r\nContent-Length: -1\r\n\r\n{}", b"400"),  # used to read to EOF: a hang
+    (b"POST /exec HTTP/1.1\r\nContent-Length: 12abc\r\n\r\n{}", b"400"),
+    (b"GET /health HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(200)) + b"\r\n", b"431"),
+    (b"GET /health HTTP/1.1\r\nX: " + b"y" * 20000 + b"\r\n\r\n", b"431"),
+])
+def test_malformed_or_oversized_requests_are_answered_not_hung(agent_proc, request_bytes: bytes,
+                                                               status: bytes) -> None:
+    answer = _raw_roundtrip(agent_proc[1], request_bytes)
+    assert answer.split()[1] == status, answer[:200]
+    assert b"200" in _raw_roundtrip(agent_proc[1], b"GET /health HTTP/1.1\r\n\r\n")[:20]
+
+
+async def test_an_idle_connection_is_not_reused_past_its_age(sb: Sandbox, monkeypatch) -> None:
+    from agentrl.sandbox import client as client_mod
+
+    await sb.exec(["true"])
+    first = sb.client._idle[0]
+    await sb.exec(["true"])
+    assert sb.client._idle == [first]
+    monkeypatch.setattr(client_mod, "IDLE_REUSE_S", 0.0)  # the agent may close what is idle this long
+    await sb.exec(["true"])
+    assert sb.client._idle and sb.client._idle[0] is not first
+
+
+# ---------------------------------------------------------------- exec grace, kill survivors (issue 22)
+
+
+async def test_a_command_that_leaves_nothing_behind_never_pays_the_exit_grace(tmp_path: Path) -> None:
+    """With a 2 s grace, plain commands return at once; one whose background child holds the pipes returns at the
+    main process's exit + the grace (and the child is killed), not at the child's end."""
+    sock = tmp_path / "a.sock"
+    proc = _start(["--unix", str(sock), "--workspace", str(tmp_path / "ws"), "--exit-grace", "2"])
+    sb = _sandbox(sock)
+    try:
+        for cmd in (["true"], "true", "echo hi; echo err >&2", "(sleep 0.05; echo late) &", "exit 3"):
+            t0 = time.monotonic()
+            r = await sb.exec(cmd)
+            assert time.monotonic() - t0 < 1.0, (cmd, r)
+        t0 = time.monotonic()
+        r = await sb.exec("sleep 30 & echo $!")
+        assert 2.0 <= time.monotonic() - t0 < 10 and r.exit_code == 0, r
+        await asyncio.sleep(0.2)
+        assert _gone(int(r.stdout))
+    finally:
+        await sb.close()
+        proc.kill()
+        proc.wait()
+
+
+SURVIVORS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import agent
+agent.KILL_ALL_DEADLINE_S = 0.2
+agent._descendants = lambda: {4194999}  # a process that never goes away, as one stuck in the kernel
+a = agent.Agent(sys.argv[2])
+print(json.dumps(agent._handle(a, "POST", "/kill_all", b"{}")))
+"""
+
+
+def test_processes_that_survive_kill_all_are_a_409_not_a_500(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-I", "-c", SURVIVORS, str(Path(AGENT).parent), str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    status, body = json.loads(out.stdout)
+    assert status == 409 and body["kind"] == "survivors", out
+    assert body["error"].startswith("policy processes survived kill")
+
+
+async def test_survivors_are_the_policys_doing_for_the_client_and_attribution(tmp_path: Path) -> None:
+    from agentrl.errors import PolicyError
+    from agentrl.runner.attribution import Stage, classify
+    from agentrl.sandbox.client import SandboxSurvivorsError
+
+    body = json.dumps({"error": "policy processes survived kill: 1 process(es)", "kind": "survivors"}).encode()
+
+    async def agent_409(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 409 Conflict\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+
+    path = str(tmp_path / "409.sock")
+    server = await asyncio.start_unix_server(agent_409, path)
+    sb = _sandbox(Path(path))
+    try:
+        with pytest.raises(SandboxSurvivorsError, match="survived kill") as info:
+            await sb.kill_all()
+    finally:
+        await sb.close()
+        server.close()
+    assert isinstance(info.value, PolicyError) and not isinstance(info.value, SandboxError)
+    for stage in (Stage.turns, Stage.finalize):
+        verdict = classify(info.value, stage)
+        assert not verdict.infra and verdict.kind == "processes_survived_kill", verdict
+
+
+def test_a_symlink_swapped_in_after_resolution_is_refused_not_followed(tmp_path: Path) -> None:
+    """Between resolving a path and opening it a command may replace a directory on it by a symlink out of the
+    workspace: the open (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS) refuses it; O_NOFOLLOW alone guards only the
+    last component and would have opened the file outside."""
+    if not agent_mod._Openat2.usable():
+        pytest.skip("openat2 is not available on this kernel (the agent falls back to O_NOFOLLOW)")
+    root = tmp_path / "ws"
+    root.mkdir()
+    (tmp_path / "secret.txt").write_text("secret")
+    (root / "sub").symlink_to(tmp_path)  # was a directory when the path was resolved
+    with pytest.raises(agent_mod.HTTPError) as info:
+        agent_mod.open_regular(str(root / "sub" / "secret.txt"), (str(root),), os.O_RDONLY, 0, "sub/secret.txt")
+    assert (info.value.status, info.value.kind) == (400, "bad_path")
+    (root / "ok.txt").write_text("fine")
+    fd = agent_mod.open_regular(str(root / "ok.txt"), (str(root),), os.O_RDONLY, 0, "ok.txt")
+    assert os.read(fd, 10) == b"fine"
+    os.close(fd)
+
+
+def test_a_flood_from_inside_cannot_push_out_the_hosts_connection_on_its_way(tmp_path: Path) -> None:
+    """The agent listens on 127.0.0.2 (the pod IP); the flood comes from that address (from inside the pod), the
+    host side from 127.0.0.1 and sends its request only after 600 flood connections arrived: it is still answered
+    (the acceptor pushes out the oldest connection from inside, not the oldest of all)."""
+    port = _free_port()
+    (tmp_path / "token").write_text("s3cret\n")
+    proc = _start(["--tcp", f"127.0.0.2:{port}", "--token-file", str(tmp_path / "token"),
+                   "--workspace", str(tmp_path / "ws")])
+    flood: list[socket.socket] = []
+    try:
+        host = socket.create_connection(("127.0.0.2", port), source_address=("127.0.0.1", 0))
+        time.sleep(0.2)  # accepted and pending, nothing sent yet (a host whose event loop lags)
+        for _ in range(600):
+            flood.append(socket.create_connection(("127.0.0.2", port), source_address=("127.0.0.2", 0)))
+        time.sleep(0.5)
+        host.settimeout(10)
+        host.sendall(b"GET /health HTTP/1.1\r\nAuthorization: Bearer s3cret\r\nConnection: close\r\n\r\n")
+        assert host.recv(4096).startswith(b"HTTP/1.1 200"), "the host's connection was pushed out by the flood"
+        host.close()
+    finally:
+        for s in flood:
+            s.close()
+        proc.kill()
+        proc.wait()
