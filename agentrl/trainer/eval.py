@@ -57,10 +57,9 @@ async def run_mode(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: i
     runs: ids and seeds per mode, the same for every policy evaluated (paired comparisons)."""
     namespace = f"{sched.namespace}|eval|{meta.get('eval_mode', '')}"
     if parent is not None:
-        scheduler = parent.sibling(rollout, group_size=samples, meta=meta, scorer=scorer, namespace=namespace)
-    else:
-        scheduler = Scheduler(rollout, pool, dataclasses.replace(sched, group_size=samples, namespace=namespace),
-                              meta=meta, scorer=scorer)
+        sched, pool, scorer = parent.config, parent.pool, scorer or parent.scorer
+    scheduler = Scheduler(rollout, pool, dataclasses.replace(sched, group_size=samples, namespace=namespace),
+                          meta=meta, scorer=scorer, slots=parent.slots if parent is not None else None)
     out: list[Trajectory] = []
     async for group in scheduler.run(tasks, step=step):
         if store is not None:
