@@ -28,6 +28,7 @@ from agentrl.errors import ConfigError, SandboxDiedError
 from agentrl.reward import Scorer
 from agentrl.runner.attribution import DeathFacts, Stage, Verdict, classify
 from agentrl.runner.guard import UnscoredGuard
+from agentrl.runner.progress import Progress
 from agentrl.runner.rollout import Rollout, TrajectoryState
 from agentrl.runner.seeds import IdPlan
 from agentrl.types import Status, TestReport, Timing, Trajectory
@@ -78,24 +79,6 @@ def check_time_needs(env: Any, *, tool_timeout_s: float, finalize_timeout_s: flo
             raise ConfigError(f"{field_name}={have:g}s is shorter than env {env.name!r} may need for one "
                               f"{key.replace('_', ' ')} ({need:g}s with its options); raise {field_name} to at "
                               f"least {need:g} or lower the env's time options")
-
-@dataclass
-class Progress:
-    """Live counters for the progress display (updated as trajectories finish)."""
-
-    trajectories_done: int = 0
-    trajectories_total: int = 0
-    turns: int = 0
-    tool_calls: int = 0
-    tokens: int = 0
-    infra_errors: int = 0
-    policy_errors: int = 0
-    drift_check_errors: int = 0  # deferred drift checks that failed (their turns' drift flags are unset)
-    started: float = field(default_factory=time.perf_counter)
-
-    def tokens_per_s(self) -> float:
-        return self.tokens / max(time.perf_counter() - self.started, 1e-9)
-
 
 @dataclass
 class _Attempt:

@@ -41,10 +41,10 @@ import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentrl.envs.base import Task
 from agentrl.errors import ConfigError
-from agentrl.runner import Scheduler
 from agentrl.types import Trajectory
 
 log = logging.getLogger("agentrl.trainer")
@@ -131,7 +131,7 @@ class PipelineConfig:
 class RolloutPipeline:
     """Lives on the job's background loop; `batch()` is awaited once per training step (see module docstring)."""
 
-    scheduler: Scheduler
+    scheduler: Any  # agentrl.runner.Scheduler, built by the composition root (agentrl.compose)
     tasks: Mapping[str, Task]
     config: PipelineConfig
     stream: TaskStream | None = None  # required unless synchronous (set once the trainer's sampler exists)

@@ -1,0 +1,25 @@
+"""The live counters of a scheduler's run, read by progress displays (a module of its own: displays import it without
+importing the scheduler, which only the composition root constructs)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Progress:
+    """Live counters for the progress display (updated as trajectories finish)."""
+
+    trajectories_done: int = 0
+    trajectories_total: int = 0
+    turns: int = 0
+    tool_calls: int = 0
+    tokens: int = 0
+    infra_errors: int = 0
+    policy_errors: int = 0
+    drift_check_errors: int = 0  # deferred drift checks that failed (their turns' drift flags are unset)
+    started: float = field(default_factory=time.perf_counter)
+
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(time.perf_counter() - self.started, 1e-9)
