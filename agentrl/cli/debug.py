@@ -16,8 +16,8 @@ printed to stderr naming its line, counted, and skipped; the rest is read. A mis
 Exit codes: 0 ok; 1 `replay --reexecute` found a differing call (or a replay failed) / `rescore` found a differing
 reward (or could not re-run a trajectory's tests); 2 error.
 
-Only this module wires replay to sandboxes (through `agentrl.cli.wiring.make_pool`); heavy imports happen inside
-the commands so `agentrl --help` stays fast.
+Only this module wires replay to sandboxes (through the composition root, `agentrl.compose.make_pool`); heavy
+imports happen inside the commands so `agentrl --help` stays fast.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def _console() -> Any:
 
 
 def _pool_factory(a: argparse.Namespace) -> Any:
-    from agentrl.cli.wiring import make_pool
+    from agentrl.compose import make_pool
     from agentrl.replay import new_run_id
 
     def factory(spec: Any) -> Any:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from agentrl.runner import Progress
+from agentrl.runner.progress import Progress
 
 
 def progress_line(p: Progress) -> str:

@@ -4,9 +4,10 @@
     agentrl eval --checkpoint A [--baseline B] [--config job.yaml] [--out DIR] [--tasks N] [--samples K]
                  [--no-greedy]
 
-Builds env, engine + tokenizer (from the checkpoint), renderer and sandbox pool with the shared helpers of
-`wiring.py`, then hands them to `agentrl.trainer.job.Job` / `agentrl.trainer.eval.evaluate`. Registered into the
-parser by `add_train_commands(subparsers)`.
+The parts (env, engine + tokenizer from the checkpoint, renderer, sampling, budgets, sandbox pool, scorer,
+config_hash) come from the composition root `agentrl.compose.build_run` and are handed to
+`agentrl.trainer.job.Job` / `agentrl.trainer.eval.evaluate`. Registered into the parser by
+`add_train_commands(subparsers)`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import argparse
 import asyncio
 import signal
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -110,50 +110,29 @@ def _cmd_train(a: argparse.Namespace) -> int:
     return 0
 
 
-def _meta(cfg: Any, model_path: Path, engine: Any) -> dict[str, Any]:
-    import hashlib
-
-    import agentrl
-
-    return {"model": str(model_path), "engine": engine.info(), "agentrl_version": agentrl.__version__,
-            "config_hash": hashlib.sha256(cfg.model_dump_json(exclude={"output_dir"}).encode()).hexdigest()[:16]}
-
-
-def _pool_for(cfg: Any, env: Any = None) -> Any:
-    from agentrl.cli.wiring import pool_from_config
-
-    spec = cfg.sandbox.spec.model_copy(update={"default_timeout_s": cfg.budgets.tool_timeout_s})
-    return pool_from_config(cfg.rollout_config(), spec, uuid.uuid4().hex[:12], env)
-
-
 def run_train(cfg: Any, *, resume: bool = False) -> Any:
-    """Build the components of `cfg` and run the job (blocking). Returns the trainer's JobResult."""
-    from agentrl.cli.wiring import (_renderer, make_drift, make_engine_and_tokenizer, make_scorer, select_tasks,
-                                    tune_gc)
-    from agentrl.envs import get_env
-    from agentrl.trainer.job import Job, JobParts
+    """Build the parts of `cfg` (agentrl.compose) and run the job (blocking). Returns the trainer's JobResult."""
+    from agentrl.trainer.job import Job
 
-    env = get_env(cfg.env, **cfg.env_options)
-    tasks = select_tasks(env, cfg.tasks, cfg.task_ids)
-    eval_tasks = select_tasks(env, cfg.eval.tasks, cfg.eval.task_ids) if cfg.eval_every else []
-    snap = cfg.snapshot
-    snapshot_tasks = (select_tasks(env, None, snap.tasks) if isinstance(snap.tasks, list)
-                      else select_tasks(env, snap.tasks, [])) if snap.every else []
-    engine, tokenizer, model_path = make_engine_and_tokenizer(cfg.rollout_config())
-    renderer = _renderer(env, tokenizer)
-    drift = make_drift(cfg.drift_check, renderer)
-    gc_monitor = tune_gc(cfg.gc_tune)
+    parts = train_parts(cfg)
     try:
-        parts = JobParts(env=env, tasks=tasks, engine=engine, tokenizer=tokenizer, model_path=model_path,
-                         renderer=renderer, pool=_pool_for(cfg, env), eval_tasks=eval_tasks,
-                         meta=_meta(cfg, model_path, engine), scorer=make_scorer(cfg.reward, env),
-                         snapshot_tasks=snapshot_tasks, drift_check=cfg.drift_check, drift_worker=drift,
-                         gc_monitor=gc_monitor)
         return Job(cfg, parts, resume=resume, echo=lambda line: print(line, flush=True)).run()
     finally:
-        if drift is not None:
-            drift.close()
-        asyncio.run(engine.close())
+        asyncio.run(parts.run.aclose())
+
+
+def train_parts(cfg: Any) -> Any:
+    """The JobParts of a training job: the run's parts from the composition root plus the eval / snapshot tasks."""
+    from agentrl.cli.wiring import tune_gc
+    from agentrl.compose import build_run, select_tasks
+    from agentrl.trainer.job import JobParts
+
+    run = build_run(cfg)
+    eval_tasks = select_tasks(run.env, cfg.eval.tasks, cfg.eval.task_ids) if cfg.eval_every else []
+    snap = cfg.snapshot
+    snapshot_tasks = (select_tasks(run.env, None, snap.tasks) if isinstance(snap.tasks, list)
+                      else select_tasks(run.env, snap.tasks, [])) if snap.every else []
+    return JobParts(run=run, eval_tasks=eval_tasks, snapshot_tasks=snapshot_tasks, gc_monitor=tune_gc(cfg.gc_tune))
 
 
 # -- eval ---------------------------------------------------------------------------------------------------------
@@ -208,52 +187,54 @@ def _default_eval_out(checkpoint: Path) -> Path:
     return Path("eval-report")
 
 
-async def _eval_one(cfg: Any, env: Any, tasks: list[Any], path: Path, pool: Any, label: str, out: Path) -> dict:
-    from agentrl.cli.wiring import _renderer, make_drift, make_engine_and_tokenizer, make_scorer, tune_gc
-    from agentrl.runner import Rollout, SchedulerConfig
-    from agentrl.trainer.eval import evaluate
-    from agentrl.trainer.job import budgets_of
+async def eval_parts(cfg: Any, checkpoint: Path, *, env: Any = None, tasks: Any = None, pool: Any = None) -> Any:
+    """The run's parts for evaluating `checkpoint` on the job's eval task set (agentrl.compose; the job's
+    config_hash). `pool`: share the sandbox pool of the checkpoint evaluated before."""
+    from agentrl.compose import build_run, run_env, select_tasks
 
-    rcfg = cfg.rollout_config()
-    rcfg = rcfg.model_copy(update={"engine": rcfg.engine.model_copy(update={"model": str(path)})})
-    engine, tokenizer, model_path = await asyncio.to_thread(make_engine_and_tokenizer, rcfg)
-    renderer = _renderer(env, tokenizer)
-    drift = make_drift(cfg.drift_check, renderer)
+    if env is None:
+        env, _ = run_env(cfg)
+        tasks = select_tasks(env, cfg.eval.tasks, cfg.eval.task_ids)
+    return await asyncio.to_thread(build_run, cfg, env=env, tasks=tasks, model=checkpoint, pool=pool)
+
+
+async def _eval_one(cfg: Any, parts: Any, path: Path, label: str, out: Path) -> dict:
+    from agentrl.cli.wiring import tune_gc
+    from agentrl.trainer.eval import evaluate
+
     tune_gc(cfg.gc_tune)
-    try:
-        sampling = cfg.training_sampling(list(engine.eos_token_ids))
-        rollout = Rollout(env=env, engine=engine, renderer=renderer, sampling=sampling,
-                          budgets=budgets_of(cfg, engine), drift_check=cfg.drift_check, drift_worker=drift)
-        sched = SchedulerConfig.from_config(cfg, group_size=1)
-        store = out / f"{label}.jsonl"
-        store.unlink(missing_ok=True)
-        print(f"eval {label}: {path} on {len(tasks)} tasks ({cfg.eval.samples} sampled"
-              f"{' + greedy' if cfg.eval.greedy else ''})", flush=True)
-        async with make_scorer(cfg.reward, env, tasks) as scorer:
-            return await evaluate(rollout, pool, tasks, samples=cfg.eval.samples, greedy=cfg.eval.greedy,
-                                  sched=sched, label=str(path), meta=_meta(cfg, model_path, engine), store_path=store,
-                                  scorer=scorer)
-    finally:
-        if drift is not None:
-            await drift.aclose()
-        await engine.close()
+    store = out / f"{label}.jsonl"
+    store.unlink(missing_ok=True)
+    print(f"eval {label}: {path} on {len(parts.tasks)} tasks ({cfg.eval.samples} sampled"
+          f"{' + greedy' if cfg.eval.greedy else ''})", flush=True)
+    async with parts.scorer:
+        return await evaluate(parts.scheduler, parts.tasks, sampling=parts.sampling, samples=cfg.eval.samples,
+                              greedy=cfg.eval.greedy, label=str(path), meta=parts.meta, store_path=store)
 
 
 async def run_eval(cfg: Any, candidate: Path, baseline: Path | None, out: Path) -> int:
     """Evaluate `candidate` (and `baseline`) on the config's eval task set; write JSON reports into `out`."""
-    from agentrl.cli.wiring import select_tasks
-    from agentrl.envs import get_env
+    import contextlib
+
     from agentrl.trainer.eval import diff_evals, format_diff, write_json
 
-    env = get_env(cfg.env, **cfg.env_options)
-    tasks = select_tasks(env, cfg.eval.tasks, cfg.eval.task_ids)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
-    async with _pool_for(cfg, env) as pool:
+    shared: Any = None  # the first checkpoint's parts: env, tasks and the sandbox pool are shared
+    async with contextlib.AsyncExitStack() as stack:
         for label, path in (("baseline", baseline), ("candidate", candidate)):
-            if path is not None:
-                results[label] = await _eval_one(cfg, env, tasks, path, pool, label, out)
-                write_json(out / f"{label}.json", results[label])
+            if path is None:
+                continue
+            parts = await eval_parts(cfg, path, env=shared and shared.env, tasks=shared and shared.tasks,
+                                     pool=shared and shared.pool)
+            try:
+                if shared is None:
+                    shared = parts
+                    await stack.enter_async_context(parts.pool)
+                results[label] = await _eval_one(cfg, parts, path, label, out)
+            finally:
+                await parts.aclose()
+            write_json(out / f"{label}.json", results[label])
     if baseline is None:
         from agentrl.trainer.eval_stats import bootstrap_ci
 

@@ -15,7 +15,6 @@ sandboxes separately), and the engine batches whatever generate calls are outsta
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import traceback
@@ -30,6 +29,7 @@ from agentrl.reward import Scorer
 from agentrl.runner import integrity
 from agentrl.runner.attribution import DeathFacts, Stage, Verdict, classify
 from agentrl.runner.guard import UnscoredGuard
+from agentrl.runner.progress import Progress
 from agentrl.runner.rollout import Rollout, TrajectoryState
 from agentrl.runner.seeds import IdPlan
 from agentrl.types import Status, TestReport, Timing, Trajectory
@@ -82,32 +82,6 @@ def check_time_needs(env: Any, *, tool_timeout_s: float, finalize_timeout_s: flo
                               f"least {need:g} or lower the env's time options")
 
 @dataclass
-class Progress:
-    """Live counters for the progress display (updated as trajectories finish)."""
-
-    trajectories_done: int = 0
-    trajectories_total: int = 0
-    turns: int = 0
-    tool_calls: int = 0
-    tokens: int = 0
-    infra_errors: int = 0
-    policy_errors: int = 0
-    drift_check_errors: int = 0  # deferred drift checks that failed (their turns' drift flags are unset)
-    started: float = field(default_factory=time.perf_counter)
-    in_flight: dict[str, TrajectoryState] = field(default_factory=dict)  # attempts running now, by trajectory id
-
-    def tokens_per_s(self) -> float:
-        return self.tokens / max(time.perf_counter() - self.started, 1e-9)
-
-    def live(self) -> tuple[int, int, int]:
-        """(turns, model tokens, tool calls): the finished trajectories' plus what the in-flight ones have so far.
-        Read on the event loop's thread (the states change between awaits)."""
-        states = list(self.in_flight.values())
-        return (self.turns + sum(len(s.turns) for s in states), self.tokens + sum(sum(s.env_mask) for s in states),
-                self.tool_calls + sum(len(t.tool_calls) for s in states for t in s.turns))
-
-
-@dataclass
 class _Attempt:
     """What one attempt of one trajectory has produced so far (the scheduler records it whatever happens)."""
 
@@ -126,7 +100,8 @@ class _Attempt:
 
 class Scheduler:
     def __init__(self, rollout: Rollout, pool: Any, config: SchedulerConfig, *, meta: dict[str, Any] | None = None,
-                 on_trajectory: Callable[[Trajectory], None] | None = None, scorer: Scorer | None = None) -> None:
+                 on_trajectory: Callable[[Trajectory], None] | None = None, scorer: Scorer | None = None,
+                 slots: asyncio.Semaphore | None = None) -> None:
         if rollout.env.grading_sandbox not in ("same", "fresh"):
             raise ConfigError(f"env {rollout.env.name!r}: grading_sandbox={rollout.env.grading_sandbox!r}: use "
                               "'same' or 'fresh'")
@@ -138,38 +113,30 @@ class Scheduler:
         self.progress = Progress()
         self.guard = UnscoredGuard(config.max_unscored_frac, config.unscored_min_trajectories)
         self._on_trajectory = on_trajectory
-        self._slots = asyncio.Semaphore(config.max_trajectories)
+        # `slots`: another scheduler's, so that everything one job runs (training, evaluation) stays under one bound
+        self.slots = slots if slots is not None else asyncio.Semaphore(config.max_trajectories)
         self.ids = IdPlan(config.seed, config.namespace)
-        self._replicas: Counter[tuple[str, int | None]] = Counter()  # submit(): groups per (task, step)
-        self.running = 0  # trajectories holding a slot now (submit() API; run() keeps its own accounting)
+        self._replicas: Counter[tuple[str, int | None]] = Counter()  # groups started per (task, step)
+        self.running = 0  # trajectories holding a slot now
         self._idle_since: float | None = time.perf_counter()
-        self.idle_s = 0.0  # total time with no trajectory holding a slot (submit() API), see idle_seconds()
+        self.idle_s = 0.0  # total time with no trajectory holding a slot, see idle_seconds()
 
-    def sibling(self, rollout: Rollout, *, group_size: int, meta: dict[str, Any] | None = None,
-                scorer: Scorer | None = None, namespace: str | None = None) -> Scheduler:
-        """A scheduler for another sampling / group size (e.g. evaluation) that shares this one's pool and its
-        `max_trajectories` slots, so everything one job runs stays under one bound."""
-        config = dataclasses.replace(self.config, group_size=group_size,
-                                     namespace=self.config.namespace if namespace is None else namespace)
-        other = Scheduler(rollout, self.pool, config,
-                          meta=self.meta if meta is None else meta, scorer=scorer or self.scorer)
-        other._slots = self._slots
-        return other
-
-    # -- streaming API: one group at a time, for callers that keep groups in flight across steps -------------
+    # -- the one fan-out: every group starts here (`run()` is built on it) ------------------------------------
     def submit(self, task: Task, *, group_id: str | None = None, step: int | None = None
                ) -> asyncio.Task[list[Trajectory]]:
         """Start the G trajectories of one group now (each waits for one of the `max_trajectories` slots).
 
-        The returned task resolves to the group ordered by sample index. Cancelling it cancels its trajectories
-        (their sandbox leases are returned by the pool); a cancelled group is never a record, so it can never be
-        mistaken for an infra error. Raises UnscoredLimitError (from the guard) like `run()`."""
+        `group_id`: None numbers the group's replica per (task, step) (the deterministic ids and seeds of
+        runner/seeds.py). The returned task resolves to the group ordered by sample index. Cancelling it cancels
+        its trajectories (their sandbox leases are returned); a cancelled group is never a record, so it can never
+        be mistaken for an infra error. Raises UnscoredLimitError (from the guard) like `run()`."""
+        _check_submit(task, group_id, step)
         if group_id is None:
             replica = self._replicas[(task.id, step)]
             self._replicas[(task.id, step)] += 1
-        gid = group_id or self.ids.group_id(task.id, step, replica=replica)
+            group_id = self.ids.group_id(task.id, step, replica=replica)
         self.progress.trajectories_total += self.config.group_size
-        return asyncio.create_task(self._group(task, gid, step), name=f"agentrl-group-{gid}")
+        return asyncio.create_task(self._group(task, group_id, step), name=f"agentrl-group-{group_id}")
 
     def idle_seconds(self) -> float:
         """Seconds so far during which no submitted trajectory held a slot (the engine had nothing of ours)."""
@@ -184,16 +151,17 @@ class Scheduler:
             for w in workers:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-        self.guard.check()
         return sorted(out, key=lambda t: t.sample_index)
 
     async def _slotted(self, task: Task, group_id: str, k: int, step: int | None) -> Trajectory:
-        async with self._slots:
+        async with self.slots:
             self._busy(+1)
             try:
-                return await self.run_one(task, group_id=group_id, sample_index=k, step=step)
+                traj = await self.run_one(task, group_id=group_id, sample_index=k, step=step)
             finally:
                 self._busy(-1)
+        self.guard.check()  # stop as soon as too many trajectories are unscored, not at the end of the group
+        return traj
 
     def _busy(self, delta: int) -> None:
         now = time.perf_counter()
@@ -206,44 +174,21 @@ class Scheduler:
     async def run(self, tasks: Iterable[Task], *, step: int | None = None) -> AsyncIterator[list[Trajectory]]:
         """Run G samples of every task; yield each group (ordered by sample index) as soon as it is complete.
 
-        Total: every trajectory ends in a record or its error is raised here (never a hang). Raises
+        The groups start through `submit()`. Total: every trajectory ends in a record or its error is raised here
+        (never a hang); closing the iterator early cancels and awaits the groups still running. Raises
         UnscoredLimitError when too many trajectories could not be scored (groups yielded before stay yielded)."""
-        done: asyncio.Queue[tuple[str, Trajectory | BaseException]] = asyncio.Queue()
-        groups: dict[str, list[Trajectory]] = {}
-        workers: list[asyncio.Task[None]] = []
-        seen: dict[str, int] = {}
-        for task in tasks:
-            seen[task.id] = seen.get(task.id, -1) + 1
-            group_id = self.ids.group_id(task.id, step, replica=seen[task.id])
-            groups[group_id] = []
-            for k in range(self.config.group_size):
-                workers.append(asyncio.create_task(self._one(task, group_id, k, step, done)))
-        self.progress.trajectories_total += len(workers)
+        handles = [self.submit(task, step=step) for task in tasks]
+        order = {h: i for i, h in enumerate(handles)}
+        pending = set(handles)
         try:
-            for _ in range(len(workers)):
-                group_id, result = await done.get()
-                if isinstance(result, BaseException):
-                    raise result
-                groups[group_id].append(result)
-                self.guard.check()
-                if len(groups[group_id]) == self.config.group_size:
-                    yield sorted(groups.pop(group_id), key=lambda t: t.sample_index)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for handle in sorted(done, key=order.__getitem__):
+                    yield handle.result()
         finally:
-            for w in workers:
-                w.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
-
-    async def _one(self, task: Task, group_id: str, k: int, step: int | None,
-                   done: asyncio.Queue[tuple[str, Trajectory | BaseException]]) -> None:
-        try:
-            async with self._slots:
-                traj: Trajectory | BaseException = await self.run_one(task, group_id=group_id, sample_index=k,
-                                                                      step=step)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - handed to run(), which raises it to the caller
-            traj = exc
-        await done.put((group_id, traj))
+            for h in handles:
+                h.cancel()
+            await asyncio.gather(*handles, return_exceptions=True)
 
     async def run_one(self, task: Task, *, group_id: str, sample_index: int, step: int | None = None) -> Trajectory:
         """One trajectory with infra retries. Never raises for task or infra failures: they are data."""
@@ -320,14 +265,17 @@ class Scheduler:
         lease = lease_sandbox(self.pool, self.rollout.env, run.task)
         sandbox = await _within(self.config.lease_timeout_s, lease.__aenter__(), "lease_timeout_s")
         run.timing.sandbox_wait_s += time.perf_counter() - t0
+        leaving: BaseException | None = None  # a cancellation, handed to the lease's __aexit__
         try:
-            await body(sandbox)
-        except asyncio.CancelledError as exc:
-            await self._teardown(lease, exc)
+            try:
+                await body(sandbox)
+            except Exception as exc:  # noqa: BLE001
+                run.verdict = await self._verdict(exc, run.stage, sandbox)
+        except BaseException as exc:  # a cancellation in the body or while the verdict is decided
+            leaving = exc
             raise
-        except Exception as exc:  # noqa: BLE001
-            run.verdict = await self._verdict(exc, run.stage, sandbox)
-        await self._teardown(lease, None)
+        finally:  # every path returns the lease, a cancellation included
+            await self._teardown(lease, leaving)
 
     async def _grade_in(self, run: _Attempt, sandbox: Any, submission: Submission) -> None:
         """Fresh grading, in a second sandbox leased after the policy's was returned (a failing or expiring lease is
@@ -385,14 +333,20 @@ class Scheduler:
         return DeathFacts(in_flight=in_command, uid_separated=bool(sandbox.uid_separated), cause=cause)
 
     async def _teardown(self, lease: Any, exc: BaseException | None) -> None:
+        """Return the lease (within teardown_timeout_s). A cancellation that lands meanwhile waits for the return to
+        finish and is then raised: the sandbox and its pool slot are never left to garbage collection."""
         args = (type(exc), exc, exc.__traceback__) if exc is not None else (None, None, None)
-        try:
-            await asyncio.wait_for(lease.__aexit__(*args), self.config.teardown_timeout_s)
-        except asyncio.CancelledError:
-            if exc is None:
-                raise
-        except Exception as err:  # noqa: BLE001 - the trajectory's verdict is already decided
+        returning = asyncio.ensure_future(asyncio.wait_for(lease.__aexit__(*args), self.config.teardown_timeout_s))
+        cancelled = False
+        while not returning.done():
+            try:
+                await asyncio.shield(returning)
+            except asyncio.CancelledError:
+                cancelled = cancelled or not returning.done()  # ours, not the return's own
+        if not returning.cancelled() and (err := returning.exception()) is not None and err is not exc:
             log.warning("returning a sandbox lease failed (the pool destroys it on exit): %s", err)
+        if cancelled and exc is None:
+            raise asyncio.CancelledError
 
     def _safe_record(self, run: _Attempt, group_id: str, k: int, attempt: int, step: int | None) -> Trajectory:
         """The record of this attempt; if building it fails (a bug), an infra_error record that says why."""
@@ -437,6 +391,17 @@ class Scheduler:
         self.guard.add(traj)
         if self._on_trajectory is not None:
             self._on_trajectory(traj)
+
+
+def _check_submit(task: Any, group_id: Any, step: Any) -> None:
+    """`submit()`'s arguments, refused with what to pass instead (never a late error inside the group)."""
+    if not isinstance(task, Task):
+        raise TypeError(f"submit(task=...) takes an agentrl Task, got {type(task).__name__}")
+    if group_id is not None and (not isinstance(group_id, str) or not group_id.strip()):
+        raise ValueError(f"submit(group_id={group_id!r}): pass a non-empty string, or None to number the group "
+                         "per (task, step)")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        raise ValueError(f"submit(step={step!r}): pass a step number >= 0, or None outside training")
 
 
 async def _drift_result(task: asyncio.Task[str | None]) -> str | None:

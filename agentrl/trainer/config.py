@@ -2,9 +2,9 @@
 `agentrl.config` plus the GRPO knobs. Unknown keys are rejected; errors name the field and the fix.
 
 Owns: the job's fields, their cross-field rules (a training temperature > 0, a micro-batch that divides the step's
-completions, the model named once), and the views other parts need: `rollout_config()` (the `RolloutConfig` the
-CLI wiring builds engines and pools from) and `training_sampling()` (the one `SamplingParams` shared by rollouts,
-evaluation and TRL's `GRPOConfig`). Does not own the mapping onto TRL's `GRPOConfig` (`grpo.py`).
+completions, the model named once), and the view the composition root builds the run from: `rollout_config()` (the
+`RolloutConfig` of the job; `agentrl.compose.build_run` derives the one `SamplingParams` shared by rollouts,
+evaluation and TRL's `GRPOConfig` from it). Does not own the mapping onto TRL's `GRPOConfig` (`grpo.py`).
 
 Step arithmetic: a step draws `batch_size` tasks, runs `group_size` trajectories of each (the GRPO group), and does
 exactly one optimizer update on those `batch_size * group_size` completions, split into micro-batches of
@@ -237,7 +237,7 @@ class TrainConfig(_Config):
         return self.output_dir / "snapshots.jsonl"
 
     def rollout_config(self) -> RolloutConfig:
-        """The rollout view of this job (what `agentrl rollout` would run), for the shared CLI wiring helpers."""
+        """The rollout view of this job (what `agentrl rollout` would run), which the composition root builds from."""
         return RolloutConfig(
             env=self.env, env_options=self.env_options, tasks=self.tasks, task_ids=self.task_ids,
             group_size=self.group_size, out=self.trajectories_path, resume=True, seed=self.seed,
@@ -247,10 +247,3 @@ class TrainConfig(_Config):
             budgets=self.budgets, engine=self.engine.model_copy(update={"model": self.model}), sandbox=self.sandbox,
             reward=self.reward, drift_check=self.drift_check, gc_tune=self.gc_tune,
         )
-
-    def training_sampling(self, eos_token_ids: list[int]) -> SamplingParams:
-        """The one SamplingParams of this job: stop ids default to the engine's end-of-turn ids, seed to `seed`."""
-        return self.sampling.model_copy(update={
-            "stop_token_ids": self.sampling.stop_token_ids or list(eos_token_ids),
-            "seed": self.sampling.seed if self.sampling.seed is not None else self.seed,
-        })

@@ -2,7 +2,8 @@
 
 Owns: the per-task scores of one policy (`evaluate`), the diff report between a baseline and a candidate joined by
 task id (never by arrival order), and its JSON / text renderings. Does not own building engines or loading
-checkpoints (the CLI and `checkpoints.py` do), nor the trajectory loop (runner).
+checkpoints (the CLI and `checkpoints.py` do), nor the trajectory loop (runner), nor building schedulers (they come
+from the composition root's factory, `agentrl.compose.RunParts.scheduler`).
 
 Modes: "sampled" runs every task `samples` times with the job's SamplingParams (its score is the mean reward),
 "greedy" runs it once at temperature 0. Each mode's mean comes with a 95% bootstrap interval over tasks, and the
@@ -15,17 +16,15 @@ a score on one side (every run an infra error, or the task missing) are "missing
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from statistics import mean
 from typing import Any
 
 from agentrl.envs.base import Task
-from agentrl.reward import Scorer
-from agentrl.trainer import eval_stats
-from agentrl.runner import Rollout, Scheduler, SchedulerConfig
 from agentrl.store import TrajectoryStore
+from agentrl.trainer import eval_stats
 from agentrl.types import SamplingParams, Trajectory
 
 MODES = ("sampled", "greedy")
@@ -50,17 +49,18 @@ def task_scores(trajectories: list[Trajectory]) -> dict[str, dict[str, Any]]:
     return out
 
 
-async def run_mode(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: int, sched: SchedulerConfig,
-                   meta: dict[str, Any], store: TrajectoryStore | None = None, scorer: Scorer | None = None,
-                   step: int | None = None, parent: Scheduler | None = None) -> list[Trajectory]:
-    """`parent`: the training job's scheduler, whose `max_trajectories` slots evaluation shares. Deterministic
-    runs: ids and seeds per mode, the same for every policy evaluated (paired comparisons)."""
-    namespace = f"{sched.namespace}|eval|{meta.get('eval_mode', '')}"
-    if parent is not None:
-        scheduler = parent.sibling(rollout, group_size=samples, meta=meta, scorer=scorer, namespace=namespace)
-    else:
-        scheduler = Scheduler(rollout, pool, dataclasses.replace(sched, group_size=samples, namespace=namespace),
-                              meta=meta, scorer=scorer)
+SchedulerFactory = Callable[..., Any]
+"""Builds a scheduler over the run's pool and scorer (agentrl.compose.RunParts.scheduler, possibly sharing the
+training scheduler's slots): keywords sampling, group_size, namespace, meta."""
+
+
+async def run_mode(schedulers: SchedulerFactory, tasks: list[Task], *, sampling: SamplingParams, samples: int,
+                   meta: dict[str, Any], store: TrajectoryStore | None = None,
+                   step: int | None = None) -> list[Trajectory]:
+    """`samples` runs of every task with `sampling`. Deterministic runs: ids and seeds per mode, the same for every
+    policy evaluated (paired comparisons)."""
+    scheduler = schedulers(sampling=sampling, group_size=samples, meta=meta,
+                           namespace=f"|eval|{meta.get('eval_mode', '')}")
     out: list[Trajectory] = []
     async for group in scheduler.run(tasks, step=step):
         if store is not None:
@@ -69,23 +69,24 @@ async def run_mode(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: i
     return out
 
 
-async def evaluate(rollout: Rollout, pool: Any, tasks: list[Task], *, samples: int, greedy: bool,
-                   sched: SchedulerConfig, label: str, meta: dict[str, Any] | None = None,
-                   store_path: Path | None = None, scorer: Scorer | None = None,
-                   parent: Scheduler | None = None) -> dict[str, Any]:
-    """Score `tasks` with `rollout`'s sampling (`samples` runs each) and, if `greedy`, once at temperature 0."""
-    modes: dict[str, SamplingParams] = {"sampled": rollout.sampling}
+def greedy_of(sampling: SamplingParams) -> SamplingParams:
+    return sampling.model_copy(update={"temperature": 0.0, "seed": None})
+
+
+async def evaluate(schedulers: SchedulerFactory, tasks: list[Task], *, sampling: SamplingParams, samples: int,
+                   greedy: bool, label: str, meta: dict[str, Any] | None = None,
+                   store_path: Path | None = None) -> dict[str, Any]:
+    """Score `tasks` with `sampling` (`samples` runs each) and, if `greedy`, once at temperature 0."""
+    modes: dict[str, SamplingParams] = {"sampled": sampling}
     if greedy:
-        modes["greedy"] = rollout.sampling.model_copy(update={"temperature": 0.0, "seed": None})
+        modes["greedy"] = greedy_of(sampling)
     result: dict[str, Any] = {"label": label, "task_ids": [t.id for t in tasks], "modes": {}}
     store = TrajectoryStore(store_path, resume=True) if store_path is not None else None
     try:  # the modes run concurrently so the engine batches them together
         runs = await asyncio.gather(*(
-            run_mode(dataclasses.replace(rollout, sampling=sampling), pool, tasks,
-                     samples=samples if mode == "sampled" else 1, sched=sched, store=store, scorer=scorer,
-                     parent=parent,
-                     meta={**(meta or {}), "eval": label, "eval_mode": mode})
-            for mode, sampling in modes.items()))
+            run_mode(schedulers, tasks, sampling=mode_sampling, samples=samples if mode == "sampled" else 1,
+                     store=store, meta={**(meta or {}), "eval": label, "eval_mode": mode})
+            for mode, mode_sampling in modes.items()))
         for mode, trajs in zip(modes, runs):
             scores = task_scores(trajs)
             values = [s["score"] for s in scores.values() if s["score"] is not None]

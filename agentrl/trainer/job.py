@@ -2,8 +2,9 @@
 
 Owns the order of things: output-dir guard and resume preparation, the background loop that hosts the runner and
 the sandbox pool, the rollout function and weight sync, the TRL trainer, the start-up consistency check, training,
-evaluation hooks and teardown. Does not own building the env / engine / pool (agentrl.cli.train wires those) nor any
-TRL name (grpo.py).
+evaluation hooks and teardown. Does not own building anything it runs on: the env, engine, renderer, sampling,
+budgets, pool, scorer and every scheduler come built from the composition root (agentrl.compose, through
+agentrl.cli.train) in `JobParts.run`. Nor any TRL name (grpo.py).
 
 Output dir layout:
 
@@ -21,20 +22,21 @@ Output dir layout:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from agentrl.envs.base import Env, Task
 from agentrl.errors import ConfigError
 from agentrl.reward import Scorer
-from agentrl.runner import Budgets, LoopLag, Rollout, Scheduler, SchedulerConfig, check_time_needs
+from agentrl.runner.lag import LoopLag
 from agentrl.store import TrajectoryStore
 from agentrl.trainer import eval as evaluation
 from agentrl.trainer import snapshots
@@ -48,6 +50,7 @@ from agentrl.trainer.pipeline import PipelineConfig, RolloutPipeline, TaskStream
 from agentrl.trainer.resume import ResumeState, prepare_resume
 from agentrl.trainer.rollout_func import AgentRollout, env_reward
 from agentrl.trainer.weight_sync import DiskWeightSync, LocalWeightSync, WeightSync
+from agentrl.types import SamplingParams
 
 log = logging.getLogger("agentrl.trainer")
 
@@ -57,23 +60,32 @@ RESUMABLE_CHANGES = frozenset({"steps", "eval_every", "eval", "checkpoint_every"
                                "gc_tune"})
 
 
-@dataclass
-class JobParts:
-    """The components a job runs on, built by the CLI wiring from the job config."""
+class BuiltRun(Protocol):
+    """What the job uses of the parts the composition root built (agentrl.compose.RunParts)."""
 
     env: Env
-    tasks: list[Task]
+    tasks: list[Task]  # the training tasks
     engine: Any  # GenerationEngine; closed by the caller
     tokenizer: Any  # loaded from the checkpoint being trained
     model_path: Path
     renderer: Any  # ChatRenderer over `tokenizer`
+    sampling: SamplingParams  # the one SamplingParams of rollouts, evaluation and TRL's GRPOConfig
     pool: Any  # SandboxPool (an async context manager), entered on the job's loop
+    scorer: Scorer  # the job's reward (cfg.reward); closed by the job
+    meta: dict[str, Any]  # the run metadata (config_hash, model, engine, sampling, seed, ...)
+
+    def scheduler(self, *, sampling: SamplingParams | None = None, group_size: int | None = None,
+                  namespace: str = "", meta: dict[str, Any] | None = None, shares_slots_with: Any = None) -> Any:
+        ...
+
+
+@dataclass
+class JobParts:
+    """The components a job runs on: the run's parts (built by the composition root) and the job's fixed task sets."""
+
+    run: BuiltRun
     eval_tasks: list[Task] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
-    scorer: Scorer | None = None  # the job's reward (cfg.reward); None: unit_tests. Closed by the job
     snapshot_tasks: list[Task] = field(default_factory=list)  # the fixed set of behaviour snapshots
-    drift_check: str = "inline"  # the per-turn drift check's mode (RolloutConfig.drift_check)
-    drift_worker: Any = None  # DeferredDrift for mode "deferred"; closed by the caller
     gc_monitor: Any = None  # the process's GcMonitor (agentrl/cli/gc_policy.py): metrics.jsonl's time_gc_* columns
 
 
@@ -118,12 +130,6 @@ def task_dataset(tasks: list[Task], batch_size: int) -> Any:
     return Dataset.from_dict({"prompt": ids})
 
 
-def budgets_of(cfg: TrainConfig, engine: Any) -> Budgets:
-    b = cfg.budgets
-    return Budgets(max_turns=b.max_turns, max_completion_tokens=b.max_completion_tokens,
-                   context_window=b.context_window or engine.context_window, tool_timeout_s=b.tool_timeout_s)
-
-
 def _weight_sync(cfg: TrainConfig, engine: Any, loop: BackgroundLoop) -> WeightSync:
     if cfg.weight_sync == "disk":
         return DiskWeightSync(engine, loop, cfg.output_dir / "weights")
@@ -146,14 +152,8 @@ class Job:
         self.parts = parts
         self.resume = resume
         self.echo = echo
-        self.sampling = cfg.training_sampling(list(parts.engine.eos_token_ids))
-        self.budgets = budgets_of(cfg, parts.engine)
-        self.rollout = Rollout(env=parts.env, engine=parts.engine, renderer=parts.renderer,
-                               sampling=self.sampling, budgets=self.budgets, drift_check=parts.drift_check,
-                               drift_worker=parts.drift_worker)
-        self.sched_cfg = SchedulerConfig.from_config(cfg)
-        check_time_needs(parts.env, tool_timeout_s=cfg.budgets.tool_timeout_s,
-                         finalize_timeout_s=cfg.budgets.finalize_timeout_s)
+        self.run_parts = parts.run
+        self.sampling = parts.run.sampling
         self.trainer: Any = None
         self.rollout_fn: AgentRollout | None = None
 
@@ -168,13 +168,12 @@ class Job:
         (cfg.output_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
         with BackgroundLoop() as loop, contextlib.ExitStack() as stack:
             pool_stack = contextlib.AsyncExitStack()
-            loop.run(pool_stack.enter_async_context(self.parts.pool))
+            loop.run(pool_stack.enter_async_context(self.run_parts.pool))
             stack.callback(lambda: loop.run(pool_stack.aclose()))
             lag = loop.run(LoopLag().start())  # how late the runner's loop wakes, per step in metrics.jsonl
             stack.callback(lambda: loop.run(lag.stop()))
-            if self.parts.scorer is not None:  # its HTTP clients live on the job's loop
-                scorer = self.parts.scorer
-                stack.callback(lambda: loop.run(scorer.aclose()))
+            scorer = self.run_parts.scorer  # its HTTP clients live on the job's loop
+            stack.callback(lambda: loop.run(scorer.aclose()))
             store = stack.enter_context(TrajectoryStore(cfg.trajectories_path, resume=True))
             stack.callback(torch.use_deterministic_algorithms, torch.are_deterministic_algorithms_enabled())
             callback = self._build(loop, store, state, lag)  # deterministic: switches torch's deterministic mode on
@@ -187,8 +186,9 @@ class Job:
 
     def _announce(self, state: ResumeState) -> None:
         cfg = self.cfg
-        self.echo(f"train: env {self.parts.env.name}, {len(self.parts.tasks)} tasks, {cfg.batch_size} tasks x "
-                  f"{cfg.group_size} samples per step, {cfg.steps} steps, model {self.parts.model_path.name}, "
+        run = self.run_parts
+        self.echo(f"train: env {run.env.name}, {len(run.tasks)} tasks, {cfg.batch_size} tasks x "
+                  f"{cfg.group_size} samples per step, {cfg.steps} steps, model {run.model_path.name}, "
                   f"output {cfg.output_dir}")
         if self.resume:
             where = f"checkpoint {state.checkpoint.name}" if state.checkpoint else "no checkpoint (step 0)"
@@ -198,15 +198,14 @@ class Job:
 
     def _build(self, loop: BackgroundLoop, store: TrajectoryStore, state: ResumeState,
                lag: LoopLag | None = None) -> StepCallback:
-        cfg, parts = self.cfg, self.parts
-        meta = {**parts.meta, "sampling": self.sampling.model_dump(), "seed": cfg.seed}
-        scheduler = Scheduler(self.rollout, parts.pool, self.sched_cfg, meta=meta, scorer=parts.scorer)
-        end_id = int(parts.engine.eos_token_ids[0])
-        pipeline = RolloutPipeline(scheduler, {t.id: t for t in parts.tasks}, PipelineConfig(
+        cfg, parts, run = self.cfg, self.parts, self.run_parts
+        scheduler = run.scheduler()
+        end_id = int(run.engine.eos_token_ids[0])
+        pipeline = RolloutPipeline(scheduler, {t.id: t for t in run.tasks}, PipelineConfig(
             batch_groups=cfg.batch_size, max_staleness=cfg.pipeline.max_staleness,
             oversample=cfg.rollout.oversample, last_step=cfg.steps - 1), start_step=state.step)
         rollout_fn = AgentRollout(pipeline=pipeline, store=store, loop=loop,
-                                  weight_sync=_weight_sync(cfg, parts.engine, loop), group_size=cfg.group_size,
+                                  weight_sync=_weight_sync(cfg, run.engine, loop), group_size=cfg.group_size,
                                   end_id=end_id, reuse=state.reuse)
         self.rollout_fn = rollout_fn
         callback = StepCallback(rollout_fn, MetricsWriter(cfg.metrics_path), total_steps=cfg.steps,
@@ -222,9 +221,9 @@ class Job:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*rollout_func.*experimental")
             self.trainer = AgentGRPOTrainer(
-                model=load_policy(parts.model_path, cfg), reward_funcs=[env_reward],
-                args=grpo_config(cfg, self.sampling), train_dataset=task_dataset(parts.tasks, cfg.batch_size),
-                processing_class=parts.tokenizer, peft_config=peft_config(cfg), rollout_func=rollout_fn,
+                model=load_policy(run.model_path, cfg), reward_funcs=[env_reward],
+                args=grpo_config(cfg, self.sampling), train_dataset=task_dataset(run.tasks, cfg.batch_size),
+                processing_class=run.tokenizer, peft_config=peft_config(cfg), rollout_func=rollout_fn,
                 callbacks=[callback])
         _strip_console_callbacks(self.trainer)
         if not pipeline.config.synchronous:
@@ -232,7 +231,7 @@ class Job:
             pipeline.stream = TaskStream(sampler_order(self.trainer, cfg.group_size), skip=consumed_slots(done))
         if cfg.importance_correction:
             enable_importance_sampling(self.trainer, cfg.importance_sampling, rollout_fn.maybe_sync)
-        check_startup(engine=parts.engine, trainer=self.trainer, runner_tokenizer=parts.renderer.tok,
+        check_startup(engine=run.engine, trainer=self.trainer, runner_tokenizer=run.renderer.tok,
                       sampling=self.sampling, max_completion_tokens=cfg.budgets.max_completion_tokens)
         return callback
 
@@ -241,10 +240,9 @@ class Job:
         rollout_fn.maybe_sync(self.trainer, account=False)
         out = self.cfg.output_dir / "eval"
         result = loop.run(evaluation.evaluate(
-            self.rollout, self.parts.pool, self.parts.eval_tasks, samples=self.cfg.eval.samples,
-            greedy=self.cfg.eval.greedy, sched=self.sched_cfg, label=f"step-{step}",
-            meta={**self.parts.meta, "step": step}, store_path=out / f"step-{step}.jsonl", scorer=self.parts.scorer,
-            parent=rollout_fn.scheduler))
+            self._shared_schedulers(rollout_fn), self.parts.eval_tasks, sampling=self.sampling,
+            samples=self.cfg.eval.samples, greedy=self.cfg.eval.greedy, label=f"step-{step}",
+            meta={**self.run_parts.meta, "step": step}, store_path=out / f"step-{step}.jsonl"))
         evaluation.write_json(out / f"step-{step}.json", result)
         means = "  ".join(f"{m} {_fmt(v['mean'])}" for m, v in result["modes"].items())
         self.echo(f"eval step-{step}: {means}")
@@ -255,14 +253,17 @@ class Job:
             self.echo(evaluation.format_diff(report, max_rows=10))
 
 
+    def _shared_schedulers(self, rollout_fn: AgentRollout) -> Callable[..., Any]:
+        """Schedulers for evaluation during training: they share the training scheduler's `max_trajectories`."""
+        return functools.partial(self.run_parts.scheduler, shares_slots_with=rollout_fn.scheduler)
+
     def _snapshot(self, loop: BackgroundLoop, rollout_fn: AgentRollout, step: int) -> None:
         """Roll out the fixed snapshot task set with the current weights (synced first); append the rows."""
         rollout_fn.maybe_sync(self.trainer, account=False)
         cfg = self.cfg
         rows = loop.run(snapshots.run_snapshot(
-            self.rollout, self.parts.pool, self.parts.snapshot_tasks, step=step, samples=cfg.snapshot.samples,
-            greedy=cfg.snapshot.greedy, sched=self.sched_cfg, scorer=self.parts.scorer,
-            meta={**self.parts.meta, "sampling": self.sampling.model_dump(), "seed": cfg.seed},
+            self.run_parts.scheduler, self.parts.snapshot_tasks, sampling=self.sampling, step=step,
+            samples=cfg.snapshot.samples, greedy=cfg.snapshot.greedy, meta=self.run_parts.meta,
             store_path=snapshots.snapshot_path(cfg.checkpoints_dir, step), output_dir=cfg.output_dir))
         writer = MetricsWriter(cfg.snapshots_path)
         for row in rows:

@@ -92,6 +92,8 @@ def step_metrics(step: int, trajectories: list[Trajectory], logs: dict[str, Any]
         "groups_cancelled": int(pipe.get("groups_cancelled", 0)),
         "groups_carried": int(pipe.get("groups_carried", 0)),
         "groups_started": int(pipe.get("groups_started", 0)),
+        "groups_reissued": int(pipe.get("groups_reissued", 0)),
+        "groups_abandoned": int(pipe.get("groups_abandoned", 0)),
         "trajectories": len(trajectories),
         "infra_errors": int(s["infra_errors"]),
         "infra_error_frac": round(s["infra_error_frac"], 4),

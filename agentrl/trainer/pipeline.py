@@ -12,15 +12,20 @@ Two modes, chosen by the config:
     pipelined    the task order is a `TaskStream` (TRL's own resume-stable sampler order, replicated), cut into
                  slots (one slot = one group). At step t (weights version t, already synced):
                    1. groups whose dispatch version is older than t - k are dropped (cancelled if still running)
-                      and counted: never trained on silently;
-                   2. admission starts new groups (dispatch version t) until consumed + ready + running groups
+                      and counted: never trained on silently; their slots are re-issued;
+                   2. admission starts groups (dispatch version t) until consumed + ready + running groups
                       reach (t + k + 1) * B + extra, extra = ceil(B * (oversample - 1)), capped at the job's last
-                      step, so at most k steps of groups run ahead of training;
+                      step, so at most k steps of groups run ahead of training. Re-issued slots start first, then
+                      the next slots of the stream;
                    3. as soon as B groups are complete they are trained on (if more are complete, the oldest;
                       returned ordered by slot);
                    4. the cut: groups left running whose version would be too stale for step t + 1 are cancelled
-                      and counted (their sandboxes are released by the scheduler's lease teardown); the others
-                      are carried. A finished group not chosen that becomes too stale is dropped by 1. next step.
+                      and counted (their sandboxes are released by the scheduler's lease teardown), and their slots
+                      re-issued; the others are carried. A finished group not chosen that becomes too stale is
+                      dropped by 1. next step.
+                 Re-issue: a dropped or cut slot runs again with newer weights (same slot, same task), so a long
+                 task is not under-trained for being slow; after REISSUE_LIMIT re-issues a slot is abandoned and
+                 counted (a task that can never finish within the staleness window).
                  Groups for t+1..t+k keep running on the job's background loop while TRL trains step t.
 
 Staleness of a trained group = train_step - dispatch_version <= k. Each turn still carries the exact
@@ -36,15 +41,16 @@ import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentrl.envs.base import Task
 from agentrl.errors import ConfigError
-from agentrl.runner import Scheduler
 from agentrl.types import Trajectory
 
 log = logging.getLogger("agentrl.trainer")
 
 SLOT_KEY = "slot"
+REISSUE_LIMIT = 3  # re-issues of one slot before it is abandoned (counted as groups_abandoned)
 
 
 @dataclass
@@ -54,6 +60,8 @@ class StepCounters:
     groups_dropped_stale: int = 0
     groups_cancelled: int = 0  # over-sampled groups cut (too stale to carry)
     groups_carried: int = 0  # over-sampled or run-ahead groups still running into the next step
+    groups_reissued: int = 0  # dropped or cut slots started again with newer weights
+    groups_abandoned: int = 0  # slots dropped or cut REISSUE_LIMIT times more (never trained; see module docstring)
     groups_started: int = 0
     in_flight_max: int = 0  # consumed-bound check: groups ready or running right after admission
 
@@ -68,6 +76,7 @@ class _Group:
     group_id: str
     version: int
     handle: asyncio.Task[list[Trajectory]]
+    reissues: int = 0  # how many times this slot was started before
 
 
 class TaskStream:
@@ -122,7 +131,7 @@ class PipelineConfig:
 class RolloutPipeline:
     """Lives on the job's background loop; `batch()` is awaited once per training step (see module docstring)."""
 
-    scheduler: Scheduler
+    scheduler: Any  # agentrl.runner.Scheduler, built by the composition root (agentrl.compose)
     tasks: Mapping[str, Task]
     config: PipelineConfig
     stream: TaskStream | None = None  # required unless synchronous (set once the trainer's sampler exists)
@@ -131,6 +140,7 @@ class RolloutPipeline:
     _live: list[_Group] = field(default_factory=list)  # ready or running, dispatch order
     _consumed: int = -1
     _cancelled: list[asyncio.Task[list[Trajectory]]] = field(default_factory=list)  # awaited by close()
+    _reissue: list[tuple[int, Task, int]] = field(default_factory=list)  # (slot, task, re-issues so far), FIFO
 
     def __post_init__(self) -> None:
         self._consumed = self.start_step * self.config.batch_groups
@@ -163,8 +173,13 @@ class RolloutPipeline:
         if self.stream is None:
             raise RuntimeError("a pipelined RolloutPipeline needs its TaskStream before the first step")
         while self._consumed + len(self._live) < self.config.limit(step):
-            slot, task_id = self.stream.next()
-            self._live.append(self._dispatch(self.task(task_id), step, slot))
+            if self._reissue:
+                slot, task, reissues = self._reissue.pop(0)
+                self._live.append(self._dispatch(task, step, slot, reissues=reissues))
+                c.groups_reissued += 1
+            else:
+                slot, task_id = self.stream.next()
+                self._live.append(self._dispatch(self.task(task_id), step, slot))
             started += 1
         c.groups_started += started
         c.in_flight_max = max(c.in_flight_max, len(self._live))
@@ -187,11 +202,10 @@ class RolloutPipeline:
         return len(self._live)
 
     # -- internals -------------------------------------------------------------------------------------------
-    def _dispatch(self, task: Task, version: int, slot: int) -> _Group:
+    def _dispatch(self, task: Task, version: int, slot: int, *, reissues: int = 0) -> _Group:
         group_id = f"v{version}-{self.scheduler.ids.group_id(task.id, version, replica=slot)}"
         handle = self.scheduler.submit(task, group_id=group_id, step=version)
-        group = _Group(slot=slot, task=task, group_id=group_id, version=version, handle=handle)
-        return group
+        return _Group(slot=slot, task=task, group_id=group_id, version=version, handle=handle, reissues=reissues)
 
     async def _synchronous(self, step: int, task_ids: list[str], c: StepCounters) -> list[list[Trajectory]]:
         groups = [self._dispatch(self.task(tid), step, slot=i) for i, tid in enumerate(task_ids)]
@@ -199,9 +213,10 @@ class RolloutPipeline:
         c.in_flight_max = len(groups)
         try:
             results = await asyncio.gather(*(g.handle for g in groups))
-        finally:
+        finally:  # on an error (or a cancellation) the other groups are cancelled and awaited: leases returned
             for g in groups:
                 g.handle.cancel()
+            await asyncio.gather(*(g.handle for g in groups), return_exceptions=True)
         self._consumed += len(groups)
         return [[t.model_copy(update={"dispatch_version": step, "train_step": step}) for t in r] for r in results]
 
@@ -211,6 +226,7 @@ class RolloutPipeline:
             self._live.remove(g)
             self._cancel(g)
             c.groups_dropped_stale += 1
+            self._requeue(g, c)
             log.info("pipeline: dropped group %s (task %s, weights v%d) at step %d: older than max_staleness=%d",
                      g.group_id, g.task.id, g.version, step, self.config.max_staleness)
 
@@ -243,7 +259,17 @@ class RolloutPipeline:
                 self._live.remove(g)
                 self._cancel(g)
                 c.groups_cancelled += 1
+                self._requeue(g, c)
         c.groups_carried = sum(g.version <= step for g in self._live)
+
+    def _requeue(self, g: _Group, c: StepCounters) -> None:
+        """Re-issue a dropped or cut slot at the next admission, unless it has been re-issued REISSUE_LIMIT times."""
+        if g.reissues >= REISSUE_LIMIT:
+            c.groups_abandoned += 1
+            log.warning("pipeline: slot %d (task %s) abandoned: dropped or cut %d times (it never finished within "
+                        "max_staleness=%d)", g.slot, g.task.id, g.reissues + 1, self.config.max_staleness)
+            return
+        self._reissue.append((g.slot, g.task, g.reissues + 1))
 
     def _cancel(self, g: _Group) -> None:
         g.handle.cancel()

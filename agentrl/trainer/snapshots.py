@@ -20,19 +20,17 @@ each source's unweighted value). The signature of reward hacking: reward up, len
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from statistics import mean
 from typing import Any
 
 from agentrl.envs.base import Task
-from agentrl.reward import Scorer, format_followed
+from agentrl.reward import format_followed
 from agentrl.reward.unit_tests import fully_correct
-from agentrl.runner import Rollout, SchedulerConfig
 from agentrl.store import TrajectoryStore
-from agentrl.trainer.eval import run_mode
-from agentrl.types import Status, Trajectory
+from agentrl.trainer.eval import SchedulerFactory, greedy_of, run_mode
+from agentrl.types import SamplingParams, Status, Trajectory
 
 SNAPSHOT_FILE = "snapshot.jsonl"
 START_DIR = "start"
@@ -68,22 +66,22 @@ def behaviour_row(step: int, mode: str, trajs: list[Trajectory], *, rollouts: st
     }
 
 
-async def run_snapshot(rollout: Rollout, pool: Any, tasks: list[Task], *, step: int, samples: int, greedy: bool,
-                       sched: SchedulerConfig, scorer: Scorer | None, meta: dict[str, Any], store_path: Path,
+async def run_snapshot(schedulers: SchedulerFactory, tasks: list[Task], *, sampling: SamplingParams, step: int,
+                       samples: int, greedy: bool, meta: dict[str, Any], store_path: Path,
                        output_dir: Path) -> list[dict[str, Any]]:
-    """Roll out `tasks` with the current weights in each mode, store them at `store_path`; one row per mode."""
-    modes = {"sampled": (rollout, samples)} if samples else {}
+    """Roll out `tasks` with the current weights in each mode, store them at `store_path`; one row per mode.
+    `schedulers`: the run's scheduler factory (agentrl.compose.RunParts.scheduler)."""
+    modes = {"sampled": (sampling, samples)} if samples else {}
     if greedy:
-        greedy_sampling = rollout.sampling.model_copy(update={"temperature": 0.0, "seed": None})
-        modes["greedy"] = (dataclasses.replace(rollout, sampling=greedy_sampling), 1)
+        modes["greedy"] = (greedy_of(sampling), 1)
     store_path.parent.mkdir(parents=True, exist_ok=True)
     store_path.unlink(missing_ok=True)  # a snapshot cut by a crash is redone whole
     rel = str(store_path.relative_to(output_dir)) if store_path.is_relative_to(output_dir) else str(store_path)
     rows = []
     with TrajectoryStore(store_path) as store:
-        for mode, (mode_rollout, n) in modes.items():
+        for mode, (mode_sampling, n) in modes.items():
             t0 = time.perf_counter()
-            trajs = await run_mode(mode_rollout, pool, tasks, samples=n, sched=sched, store=store, scorer=scorer,
-                                   step=step, meta={**meta, "snapshot": step, "snapshot_mode": mode})
+            trajs = await run_mode(schedulers, tasks, sampling=mode_sampling, samples=n, store=store, step=step,
+                                   meta={**meta, "snapshot": step, "snapshot_mode": mode})
             rows.append(behaviour_row(step, mode, trajs, rollouts=rel, time_s=time.perf_counter() - t0))
     return rows

@@ -22,7 +22,7 @@ from trainer_toys import PrintNumberEnv, cached_taught_model
 
 from agentrl.cli import main
 from agentrl.cli.train import run_train
-from agentrl.cli.wiring import make_scorer
+from agentrl.compose import make_scorer
 from agentrl.replay import rescore_with
 from agentrl.reward import parse_reward_list
 from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig

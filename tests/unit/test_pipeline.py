@@ -13,6 +13,7 @@ from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
 from agentrl.testing.simulated import SimulatedEngine, SimulatedEnv, SimulatedPool, number_replies
 from agentrl.tools.render import ChatRenderer
 from agentrl.trainer.pipeline import PipelineConfig, RolloutPipeline, TaskStream, consumed_slots
+from agentrl.errors import UnscoredLimitError
 from agentrl.types import SamplingParams, Status, Trajectory
 
 
@@ -41,6 +42,19 @@ def parts(tok: Any, *, env: SimulatedEnv | None = None, group_size: int = 2, max
     cfg = SchedulerConfig(group_size=group_size, max_trajectories=max_trajectories, infra_retries=retries,
                           max_unscored_frac=1.0)
     return Scheduler(rollout, pool, cfg), engine, pool
+
+
+class DyingEnv(GatedEnv):
+    """Tasks in `dies` lose their sandbox at their first tool call (infra_error); the others are gated."""
+
+    def __init__(self, *, dies: set[str], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.dies = dies
+
+    async def call_tool(self, sandbox: Any, call: Any, *, task: Any) -> Any:
+        if task.id in self.dies:
+            sandbox.dead = True  # removed from outside: the exec below is refused
+        return await super().call_tool(sandbox, call, task=task)
 
 
 def stream_of(ids: list[str]) -> TaskStream:
@@ -106,8 +120,9 @@ def test_stale_group_is_dropped_and_counted(smollm2_tokenizer: Any) -> None:
 
     first, second = asyncio.run(main())
     assert pipe.counters[1].groups_dropped_stale == 1  # the unchosen v0 group cannot train at step 1 with k=0
+    assert pipe.counters[1].groups_reissued == 1  # ... so its slot runs again with weights v1
     assert {t.dispatch_version for t in second} == {1}
-    assert first[0].meta["slot"] in (0, 1) and second[0].meta["slot"] in (2, 3)
+    assert {first[0].meta["slot"], second[0].meta["slot"]} == {0, 1}  # the re-issued slot is the oldest one
     assert sched.guard.total == 0 or sched.progress.infra_errors == 0
 
 
@@ -183,6 +198,60 @@ def test_synchronous_mode_equals_the_pre_pipeline_fan_out(smollm2_tokenizer: Any
     assert [comparable(t) for t in old] == [comparable(t) for t in new]
     assert [t.group_id for t in new][::2] == [t.group_id for t in new][1::2]  # groups stay consecutive
     assert {(t.dispatch_version, t.train_step) for t in new} == {(0, 0)}
+
+
+def test_a_long_task_cut_as_a_straggler_is_reissued_and_trained(smollm2_tokenizer: Any) -> None:
+    """The old pipeline cancelled a straggler and never ran its slot again, so a slow task lost its share of
+    training; now the cut slot runs again with newer weights and is trained once it can finish."""
+    env = GatedEnv(tasks=16, slow={"sim-0000"})
+    sched, engine, pool = parts(smollm2_tokenizer, env=env)
+    tasks = {t.id: t for t in env.tasks()}
+    pipe = RolloutPipeline(sched, tasks, PipelineConfig(batch_groups=2, max_staleness=1),
+                           stream=stream_of(list(tasks)))
+
+    async def main() -> list[list[Trajectory]]:
+        steps = []
+        for step in range(6):
+            await engine.update_weights(None, step)
+            steps.append([t for g in await pipe.batch(step, []) for t in g])
+            if step == 1:  # sim-0000 (slot 0, weights v0) was too slow for two steps: cut at the end of step 1
+                env.release.set()  # ... and fast from now on
+            await asyncio.sleep(0.2)  # "training"
+        await pipe.close()
+        return steps
+
+    steps = asyncio.run(main())
+    trained = [(t.meta["slot"], t.task_id, t.dispatch_version, t.train_step) for s in steps for t in s]
+    assert sum(c.groups_cancelled for c in pipe.counters.values()) >= 1
+    assert sum(c.groups_reissued for c in pipe.counters.values()) >= 1
+    zero = {(slot, v, step) for slot, task_id, v, step in trained if task_id == "sim-0000"}
+    assert len(zero) == 1, trained  # trained once (its two samples), in its own slot, with re-issued weights
+    slot, version, step = zero.pop()
+    assert slot == 0 and version >= 2 and step - version <= 1
+    slots = [s for s, *_ in trained]
+    assert len(slots) == 2 * len(set(slots))  # no slot trained twice
+    assert pool.alive == 0
+
+
+def test_synchronous_error_awaits_the_groups_it_cancels(smollm2_tokenizer: Any) -> None:
+    """When one group fails (here: too many unscored trajectories), the others are cancelled and awaited before the
+    error reaches the trainer: their sandboxes are back in the pool. The old pipeline only cancelled them."""
+    env = DyingEnv(tasks=8, dies={"sim-0001"}, slow={"sim-0000", "sim-0002"})
+    engine = SimulatedEngine(smollm2_tokenizer, number_replies(), decode_s=0.0001)
+    pool = SimulatedPool(exec_p50_s=0.001)
+    rollout = Rollout(env=env, engine=engine, renderer=ChatRenderer(smollm2_tokenizer, env.tools),
+                      sampling=SamplingParams(temperature=1.0, max_new_tokens=32, seed=3),
+                      budgets=Budgets(max_turns=3, max_completion_tokens=400, context_window=2048))
+    sched = Scheduler(rollout, pool, SchedulerConfig(group_size=2, infra_retries=0, max_unscored_frac=0.0,
+                                                     unscored_min_trajectories=1))
+    pipe = RolloutPipeline(sched, {t.id: t for t in env.tasks()}, PipelineConfig(batch_groups=3, max_staleness=0))
+
+    async def main() -> int:
+        with pytest.raises(UnscoredLimitError):
+            await pipe.batch(0, ["sim-0000", "sim-0001", "sim-0002"])
+        return pool.alive  # right away, before anything else runs on the loop
+
+    assert asyncio.run(main()) == 0
 
 
 def test_resumed_stream_skips_consumed_slots_and_regenerates_the_rest() -> None:

@@ -205,7 +205,7 @@ def test_changes_that_reach_into_the_test_harness_are_flagged() -> None:
 
 
 def test_local_backend_gets_the_envs_read_only_binds() -> None:
-    from agentrl.cli.wiring import env_backend_options
+    from agentrl.compose import env_backend_options
 
     class WithBinds:
         def ro_binds(self) -> list[str]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from agentrl.compose import run_sampling
 from agentrl.config import load_config
 from agentrl.errors import ConfigError
 from agentrl.trainer.config import TrainConfig
@@ -55,7 +56,7 @@ def test_one_sampling_config_maps_to_grpo_config(tmp_path: Path) -> None:
     cfg = TrainConfig(output_dir=tmp_path, batch_size=3, group_size=4, micro_batch_size=6, steps=7, seed=5,
                       sampling={"temperature": 0.8, "top_p": 0.95, "top_k": 20, "max_new_tokens": 64},
                       budgets={"max_completion_tokens": 300}, checkpoint_every=2, beta=0.01, loss_type="grpo")
-    sampling = cfg.training_sampling([2])
+    sampling = run_sampling(cfg.rollout_config(), [2])
     assert sampling.stop_token_ids == [2] and sampling.seed == 5
     args = grpo_config(cfg, sampling)
     assert (args.temperature, args.top_p, args.top_k) == (0.8, 0.95, 20)
@@ -210,4 +211,4 @@ def test_background_loop_runs_and_cleans_up() -> None:
 
 def test_sampling_params_for_training_keep_logprob_semantics() -> None:
     cfg = TrainConfig(sampling=SamplingParams(temperature=1.0, stop_token_ids=[9]))
-    assert cfg.training_sampling([2]).stop_token_ids == [9]  # explicit stop ids win
+    assert run_sampling(cfg.rollout_config(), [2]).stop_token_ids == [9]  # explicit stop ids win
