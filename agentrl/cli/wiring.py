@@ -21,7 +21,7 @@ from rich.console import Console
 import agentrl
 from agentrl.cli.display import ProgressDisplay, summary_table
 from agentrl.cli.gc_policy import GcMonitor
-from agentrl.config import RolloutConfig
+from agentrl.config import RolloutConfig, check_ttl_covers_budgets
 from agentrl.envs import Env, Task, get_env, lease_sandbox, spec_for_env
 from agentrl.errors import ConfigError
 from agentrl.reward import RewardSpec, Scorer
@@ -206,6 +206,7 @@ async def run_rollout(cfg: RolloutConfig) -> int:
     random.seed(cfg.seed)
     env = get_env(cfg.env, **cfg.env_options)
     check_time_needs(env, tool_timeout_s=cfg.budgets.tool_timeout_s, finalize_timeout_s=cfg.budgets.finalize_timeout_s)
+    check_ttl_covers_budgets(cfg.budgets, cfg.sandbox)
     tasks = select_tasks(env, cfg.tasks, cfg.task_ids)
     store = TrajectoryStore(cfg.out, resume=cfg.resume)  # refuses to clobber an existing file before any work
     with store:

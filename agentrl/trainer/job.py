@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from agentrl.config import check_ttl_covers_budgets
 from agentrl.envs.base import Env, Task
 from agentrl.errors import ConfigError
 from agentrl.reward import Scorer
@@ -153,6 +154,7 @@ class Job:
         self.sched_cfg = SchedulerConfig.from_config(cfg)
         check_time_needs(parts.env, tool_timeout_s=cfg.budgets.tool_timeout_s,
                          finalize_timeout_s=cfg.budgets.finalize_timeout_s)
+        check_ttl_covers_budgets(cfg.budgets, cfg.sandbox)
         self.trainer: Any = None
         self.rollout_fn: AgentRollout | None = None
 

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from agentrl.envs import get_env
-from agentrl.errors import EngineUnavailableError, UnscoredLimitError
+from agentrl.errors import EngineUnavailableError, SandboxDiedError, UnscoredLimitError
 from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
 from agentrl.sandbox import SandboxPool, SandboxSpec
+from agentrl.sandbox.client import Sandbox
 from agentrl.testing.scripted import ScriptedEngine
 from agentrl.tools.render import ChatRenderer
 from agentrl.types import SamplingParams, Status, ToolResult
@@ -262,10 +263,23 @@ def _agent_pids(pool: Any) -> list[int]:
     return out
 
 
-async def test_agent_killed_from_the_host_during_a_command_is_infra_and_retried(
-        env: Any, task: Any, smollm2_tokenizer: Any) -> None:
-    """The agent of a uid-separated sandbox dies of SIGKILL while the policy's command runs: the policy cannot send
-    that signal (and it is not the OOM killer), so the host did it: infra_error, retried."""
+@pytest.mark.parametrize("resources_separated", [True, False])
+async def test_agent_killed_by_sigkill_during_a_command_is_infra_only_with_proof(
+        env: Any, task: Any, smollm2_tokenizer: Any, monkeypatch: pytest.MonkeyPatch,
+        resources_separated: bool) -> None:
+    """The agent of a uid-separated sandbox dies of SIGKILL while the policy's command runs. When its health says
+    the agent's resources are its own, the policy can neither send that signal nor provoke it (the OOM killer is
+    excluded): the host did it, infra_error. Without that proof the commands could have starved the agent into
+    the kill: the policy's (scored)."""
+    if resources_separated:
+        real_health = Sandbox.health
+
+        async def health(self: Sandbox) -> bool:
+            ok = await real_health(self)
+            self.agent_info["resources_separated"] = True  # what a resource-separated agent's /health says
+            return ok
+
+        monkeypatch.setattr(Sandbox, "health", health)
     pool = _pool()
     engine = ScriptedEngine(smollm2_tokenizer, [_code("import time\ntime.sleep(20)")])
     killed: list[int] = []
@@ -283,5 +297,34 @@ async def test_agent_killed_from_the_host_during_a_command_is_infra_and_retried(
             task, group_id="g", sample_index=0)
         task_killer.cancel()
     assert killed, "the fault was injected"
-    assert traj.status is Status.infra_error, (traj.status, traj.error_kind, traj.error)
-    assert traj.error_kind == "sandbox_died:signal:9" and traj.reward is None
+    if resources_separated:
+        assert traj.status is Status.infra_error, (traj.status, traj.error_kind, traj.error)
+        assert traj.error_kind == "sandbox_died:signal:9" and traj.reward is None
+    else:
+        assert traj.status is Status.policy_error, (traj.status, traj.error_kind, traj.error)
+        assert traj.error_kind == "sandbox_died_in_command:signal:9" and traj.reward == 0.0
+
+
+class _StallingReadEnv:
+    """code_tests, except that its solution read stalls like a read of a FIFO the policy planted and then, as an
+    env may, raises SandboxDiedError itself (the agent is still alive and answering)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def finalize(self, sandbox: Any, task: Any) -> Any:
+        raise SandboxDiedError(f"sandbox {sandbox.id}: reading solution.py timed out", in_flight=True,
+                               request="POST /read")
+
+
+async def test_a_missed_deadline_on_a_sandbox_that_still_answers_is_the_policys(
+        env: Any, task: Any, smollm2_tokenizer: Any) -> None:
+    engine = ScriptedEngine(smollm2_tokenizer, [_code(_wrong_answer(task)), "done"])
+    async with _pool() as pool:
+        traj = await _scheduler(_StallingReadEnv(env), engine, smollm2_tokenizer, pool, infra_retries=1).run_one(
+            task, group_id="g", sample_index=0)
+    assert (traj.status, traj.error_kind) == (Status.policy_error, "sandbox_answers"), traj.error
+    assert traj.attempt == 0 and traj.reward == 0.0
