@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from agentrl.envs import get_env
-from agentrl.errors import EngineUnavailableError, SandboxDiedError, UnscoredLimitError
+from agentrl.errors import ConfigError, EngineUnavailableError, SandboxDiedError, UnscoredLimitError
+from agentrl.reward import Scorer, parse_reward_list
+from agentrl.reward.server import RewardServer
 from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
 from agentrl.sandbox import SandboxPool, SandboxSpec
 from agentrl.sandbox.client import Sandbox
@@ -167,6 +169,45 @@ async def test_scoring_bug_is_unscored_not_zero_and_not_hung(env: Any, task: Any
         (group,) = await asyncio.wait_for(_collect(sched.run([task])), 60)
     assert group[0].status is Status.infra_error and group[0].error_kind == "reward_failed"
     assert group[0].reward is None and "scoring exploded" in (group[0].error or "")
+
+
+async def test_a_failing_reward_service_leaves_the_episode_unscored_and_never_samples_it_again(
+        env: Any, task: Any, smollm2_tokenizer: Any) -> None:
+    """The reward service answers 503 to every request (its own retries included): the trajectory is unscored
+    (reward_failed), and the episode is not sampled again (that would select for what the service accepts)."""
+    service = RewardServer(fail_first=1000)
+    url = await service.start()
+    engine = ScriptedEngine(smollm2_tokenizer, ["no code"])
+    try:
+        async with _pool() as pool, _http_scorer(url) as scorer:
+            sched = _scheduler(env, engine, smollm2_tokenizer, pool, infra_retries=2, max_unscored_frac=1.0)
+            sched.scorer = scorer
+            traj = await sched.run_one(task, group_id="g", sample_index=0)
+    finally:
+        await service.stop()
+    assert (traj.status, traj.error_kind, traj.reward) == (Status.infra_error, "reward_failed", None)
+    assert traj.attempt == 0 and len(engine.calls) == 1, "the scoring was retried, never the episode"
+    assert service.received == 3 and "HTTP 503" in (traj.error or "")
+
+
+async def test_a_reward_service_that_rejects_every_request_stops_the_run(
+        env: Any, task: Any, smollm2_tokenizer: Any) -> None:
+    service = RewardServer()
+    url = await service.start()
+    engine = ScriptedEngine(smollm2_tokenizer, ["no code"] * 4)
+    try:
+        async with _pool() as pool, _http_scorer(url.replace("/score", "/nope")) as scorer:
+            sched = _scheduler(env, engine, smollm2_tokenizer, pool, group_size=2, max_unscored_frac=1.0)
+            sched.scorer = scorer
+            with pytest.raises(ConfigError, match="HTTP 404.*fix reward http.url"):
+                await asyncio.wait_for(_collect(sched.run([task])), 60)
+    finally:
+        await service.stop()
+
+
+def _http_scorer(url: str) -> Scorer:
+    spec = {"http": {"url": url, "retries": 2, "backoff_s": 0.01, "timeout_s": 5}}
+    return Scorer(parse_reward_list([spec], "t"))
 
 
 async def test_record_bug_is_recorded_not_hung(env: Any, task: Any, smollm2_tokenizer: Any,

@@ -209,3 +209,61 @@ def test_code_tests_default_budgets_fit_its_needs() -> None:
 
     b = BudgetConfig()
     check_time_needs(get_env("code_tests"), tool_timeout_s=b.tool_timeout_s, finalize_timeout_s=b.finalize_timeout_s)
+
+
+# -- budgets agree with the sandbox TTL -------------------------------------------------------------------------------
+
+def test_the_default_config_has_a_ttl_that_covers_its_budgets() -> None:
+    from agentrl.config import RolloutConfig, check_ttl_covers_budgets
+    from agentrl.runner import SchedulerConfig
+
+    cfg = RolloutConfig()
+    check_ttl_covers_budgets(cfg.budgets, cfg.sandbox)
+    assert cfg.sandbox.spec.ttl_s >= SchedulerConfig.from_config(cfg).episode_budget_s() == cfg.budgets.episode_s()
+
+
+def test_a_ttl_shorter_than_the_budgets_is_refused_naming_the_fields_and_the_fix() -> None:
+    from agentrl.config import RolloutConfig, check_ttl_covers_budgets
+    from agentrl.errors import ConfigError
+
+    cfg = RolloutConfig.model_validate({"sandbox": {"spec": {"ttl_s": 3600}}})
+    with pytest.raises(ConfigError, match=r"sandbox.spec.ttl_s=3600s is shorter .*trajectory_timeout_s.* = 4980s; "
+                                          r"raise sandbox.spec.ttl_s to at least 4980"):
+        check_ttl_covers_budgets(cfg.budgets, cfg.sandbox)
+
+
+class _TTLPool:
+    async def death_cause(self, sandbox: object) -> str:
+        return "deadline"
+
+
+class _DeadSandbox:
+    uid_separated = True
+    agent_info: dict[str, object] = {}
+
+    def __init__(self, ttl_s: int) -> None:
+        from agentrl.sandbox import SandboxSpec
+
+        self.spec = SandboxSpec(ttl_s=ttl_s)
+
+    async def health(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(("ttl_s", "status"), [(None, Status.infra_error), (3600, Status.policy_error)])
+async def test_a_ttl_kill_during_grading_is_infra_when_the_ttl_covers_the_budgets(ttl_s: int | None,
+                                                                                 status: Status) -> None:
+    """Kubernetes ends a pod at its TTL (cause "deadline"). With the default budgets (4,980 s) the TTL kill of a
+    legitimate long episode during grading is the system's; only a TTL below the budgets leaves no proof."""
+    from types import SimpleNamespace
+
+    from agentrl.config import RolloutConfig
+    from agentrl.runner import Scheduler, SchedulerConfig
+
+    cfg = RolloutConfig()  # the defaults: budgets and the sandbox TTL
+    rollout = SimpleNamespace(env=SimpleNamespace(name="e", grading_sandbox="same"))
+    sched = Scheduler(rollout, _TTLPool(), SchedulerConfig.from_config(cfg))  # type: ignore[arg-type]
+    died = SandboxDiedError("agent stopped answering", in_flight=True, request="POST /exec")
+    v = await sched._verdict(died, Stage.finalize, _DeadSandbox(ttl_s or cfg.sandbox.spec.ttl_s))
+    assert v.status is status
+    assert v.kind == ("sandbox_lost:deadline" if status is Status.infra_error else "sandbox_ttl_below_budgets")
