@@ -294,6 +294,17 @@ async def test_processes_the_policy_left_running_are_dead_before_grading(env: An
     assert traj.status is not Status.infra_error
 
 
+def _has_children(pid: int) -> bool:
+    """Any thread of `pid` has a child (the agent starts commands from its request threads)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "children").read_text().split():
+                return True
+        except OSError:  # the thread ended meanwhile
+            continue
+    return False
+
+
 def _agent_pids(pool: Any) -> list[int]:
     """Host pids of the in-sandbox agents (bwrap -> its pid-1 child -> the agent)."""
     out = []
@@ -327,10 +338,11 @@ async def test_agent_killed_by_sigkill_during_a_command_is_infra_only_with_proof
 
     async def killer() -> None:
         while not killed:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(0.2)
             for pid in _agent_pids(pool):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
+                if _has_children(pid):  # only once the command runs
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
 
     async with pool:
         task_killer = asyncio.create_task(killer())
