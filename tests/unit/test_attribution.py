@@ -156,7 +156,7 @@ def test_the_guard_names_only_proven_infra_causes_with_their_counts() -> None:
     with pytest.raises(UnscoredLimitError) as err:
         guard.check()
     assert "most common cause: sandbox_lost:deleted (2x)" in str(err.value)
-    assert "{'sandbox_lost:deleted': 2, 'engine': 1}" in str(err.value)
+    assert "Unscored by error_kind: {'sandbox_lost:deleted': 2, 'engine': 1}" in str(err.value)
 
 
 def _traj(status: Status, kind: str | None = None) -> Trajectory:

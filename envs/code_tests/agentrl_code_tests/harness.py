@@ -26,9 +26,9 @@ Who runs what (the verdict cannot be forged by the solution):
 - The judge marks itself non-dumpable as its first statement (a same-uid process can then neither ptrace it nor
   open /proc/<pid>/mem or fd/*). The interpreter's start-up and the ctypes import still come before it, so what
   really holds is that it is started only once no policy process is alive (the env kills them all first): nothing
-  exists that could attach in that moment, and everything it forks afterwards is non-dumpable too. It moves its own stdout aside (fd 1 becomes
-  /dev/null) and writes the one result line at the very end: RESULT_MARK + nonce + " " + {"results": [[name,
-  passed, message], ...]}.
+  exists that could attach in that moment, and everything it forks afterwards is non-dumpable too.
+- The judge moves its own stdout aside (fd 1 becomes /dev/null) and writes the one result line at the very end:
+  RESULT_MARK + nonce + " " + {"results": [[name, passed, message], ...]}.
 
 A solution that hangs is killed (with its process group) at the test's timeout; one that crashes, exits, raises or
 returns something that is not plain data fails that test with a message saying so.
