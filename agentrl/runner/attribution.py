@@ -3,8 +3,9 @@
 Attribution is an allow-list of proofs. A policy under RL pressure will use any failure that is not charged to it to
 dodge a score it does not like, so `infra_error` (unscored, retried) needs evidence of a cause outside the policy's
 reach: the engine, a lease or setup failure before the policy's first action, a sandbox deleted / evicted / killed
-from outside (the backend proves it), an agent killed by a signal the policy cannot send nor provoke, a TTL kill the
-budgets did not allow for (the reward service's own 5xx / timeout is the scheduler's `_score`, not a stage here).
+from outside (the backend proves it), an agent killed by a signal the policy can neither send nor provoke, a TTL
+kill while the budgets allowed the episode to still run (the reward service's own 5xx / timeout is handled by the
+scheduler's `_score`, not a stage here).
 Everything else from the policy's first action on is `policy_error`: scored (the env's `failed_report`, 0), with
 the reason stored on the trajectory. That includes any exception raised while handling what the policy produced
 (parsing, path resolution, reading its files, rendering its output), an OOM or pids exhaustion inside the sandbox,
