@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import agentrl
-from agentrl.config import RolloutConfig
+from agentrl.config import RolloutConfig, check_ttl_covers_budgets
 from agentrl.envs import Env, Task, get_env, spec_for_env
 from agentrl.errors import ConfigError
 from agentrl.reward import RewardSpec, Scorer
@@ -111,6 +111,7 @@ def run_env(cfg: RolloutConfig | TrainConfig) -> tuple[Env, list[Task]]:
     env = get_env(view.env, **view.env_options)
     check_time_needs(env, tool_timeout_s=view.budgets.tool_timeout_s,
                      finalize_timeout_s=view.budgets.finalize_timeout_s)
+    check_ttl_covers_budgets(view.budgets, view.sandbox)
     return env, select_tasks(env, view.tasks, view.task_ids)
 
 

@@ -6,6 +6,7 @@ file it came from, and what is expected. Configs are frozen after validation (ne
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -130,6 +131,23 @@ class BudgetConfig(_Config):
     finalize_timeout_s: float = Field(default=300.0, gt=0)  # grading; expiry is the policy's (policy_error)
     lease_timeout_s: float = Field(default=900.0, gt=0)  # waiting for a sandbox; expiry is infra_error
     setup_timeout_s: float = Field(default=120.0, gt=0)  # env.setup; expiry is infra_error
+    teardown_timeout_s: float = Field(default=60.0, gt=0)  # returning the lease; never changes a verdict
+
+    def episode_s(self) -> float:
+        """The longest one episode may hold a sandbox: its stage deadlines end it within this."""
+        return (self.lease_timeout_s + self.setup_timeout_s + self.trajectory_timeout_s + self.finalize_timeout_s
+                + self.teardown_timeout_s)
+
+
+def check_ttl_covers_budgets(budgets: BudgetConfig, sandbox: SandboxConfig) -> None:
+    """Refuse a sandbox TTL shorter than one episode's budgets: the TTL would end legitimate long episodes (and a
+    TTL kill is charged to the system only when the budgets allowed the episode to still be running)."""
+    need = budgets.episode_s()
+    if sandbox.spec.ttl_s < need:
+        raise ConfigError(
+            f"sandbox.spec.ttl_s={sandbox.spec.ttl_s}s is shorter than one episode's budgets: budgets.lease_timeout_s "
+            f"+ setup_timeout_s + trajectory_timeout_s + finalize_timeout_s + teardown_timeout_s = {need:g}s; raise "
+            f"sandbox.spec.ttl_s to at least {math.ceil(need)} or lower those budgets")
 
 
 # `reward:` = weighted sources (agentrl.reward.spec for the accepted forms); default: unit_tests at weight 1

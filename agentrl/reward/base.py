@@ -3,7 +3,9 @@
 A source turns one finished trajectory into one unweighted number (`value`); the `Scorer` (scorer.py) weights and
 sums them. A source never sees `infra_error` trajectories (the scorer leaves those unscored) and returns `None` only
 when the trajectory carries nothing it can score (e.g. no test report): the whole reward is then `None`, never 0.
-A source whose service fails raises an `InfraError` (the trajectory becomes `infra_error` and is retried).
+A source whose service fails raises an `InfraError` (the trajectory stays unscored, `reward_failed`; the episode is
+never sampled again). A source that rejects the trajectory's own content raises `ContentRejected`: that component is
+0 and the reason is stored in `meta["reward_rejected"]`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,15 @@ from agentrl.types import Message, Trajectory
 
 # trajectory -> the opening chat of its task (system + user messages); given by the composition root, which knows envs
 PromptMessages = Callable[[Trajectory], list[Message]]
+
+
+class ContentRejected(Exception):  # noqa: N818 - an outcome, not a failure
+    """The source refused this trajectory because of what the policy wrote in it (while it accepts others): the
+    component is 0, and `reason` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class SourceOptions(BaseModel):

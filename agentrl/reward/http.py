@@ -4,10 +4,14 @@ Request (`RewardRequest`, JSON): built only from the stored trajectory's fields,
 policy cannot add or change a field: whatever it wrote is the *content* of a message / `completion_text`, JSON-encoded.
 Response: `{"reward": <finite number>}` (other keys ignored).
 
-Failures are infrastructure, never a 0: connection errors, timeouts, HTTP 429 and 5xx are retried `retries` times
-with exponential backoff (`backoff_s * 2**k`); then, as for any other non-200 answer or an answer that is not
-`{"reward": <finite number>}`, `score` raises `RewardServiceError` (an `InfraError`): the trajectory is marked
-`infra_error` and re-run, its reward stays None.
+Failures retry the scoring only, never the episode:
+- connection errors, timeouts, HTTP 429 and 5xx are retried `retries` times with exponential backoff
+  (`backoff_s * 2**k`); then, as for a 200 that is not `{"reward": <finite number>}`, `value` raises
+  `RewardServiceError` (an `InfraError`): the trajectory is left unscored (`infra_error`, `reward_failed`).
+- 400, 413 and 422 are about the trajectory's content when the service accepts other requests: `ContentRejected`,
+  this component is 0 with the service's reason. Until the service has accepted a request, such a rejection is
+  checked with a canary (the same request without anything the policy wrote); a canary rejected too, or any other
+  4xx (401, 403, 404, ...), is a configuration error (`ConfigError`) that stops the run.
 
 Limits: at most `max_concurrency` requests in flight (the connection pool is sized to match) and, if set, at most
 `max_rate_per_s` requests started per second (aiolimiter). The HTTP session is created lazily on the event loop
@@ -25,12 +29,13 @@ import aiohttp
 from aiolimiter import AsyncLimiter
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentrl.errors import InfraError
-from agentrl.reward.base import RewardSource, SourceOptions
+from agentrl.errors import ConfigError, InfraError
+from agentrl.reward.base import ContentRejected, RewardSource, SourceOptions
 from agentrl.reward.registry import register_reward
 from agentrl.types import Trajectory
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+CONTENT_STATUSES = frozenset({400, 413, 422})  # may be about the trajectory's content (see the module docstring)
 MAX_ERROR_BODY = 300
 
 
@@ -131,6 +136,8 @@ class HttpReward(RewardSource):
         self._session: aiohttp.ClientSession | None = None
         self._slots = asyncio.Semaphore(self.opts.max_concurrency)  # binds to a loop on first contended use
         self._limiter = AsyncLimiter(self.opts.max_rate_per_s, 1.0) if self.opts.max_rate_per_s else None
+        self._accepts = False  # the service answered 200 at least once: a 400/413/422 is then about the content
+        self._canary_lock = asyncio.Lock()
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -146,7 +153,36 @@ class HttpReward(RewardSource):
         return build_request(traj, chat).model_dump(mode="json")
 
     async def value(self, traj: Trajectory) -> float | None:
-        body = self.payload(traj)
+        status, answer = await self._send(self.payload(traj), traj.id)
+        if status == 200:
+            self._accepts = True
+            return parse_reward(answer, self.opts.url)
+        last = f"HTTP {status}: {answer[:MAX_ERROR_BODY]!r}"
+        if status not in CONTENT_STATUSES:
+            raise ConfigError(f"reward service {self.opts.url} refused trajectory {traj.id} ({last}): that is not "
+                              "about the trajectory's content; fix reward http.url or the service's configuration")
+        if not self._accepts:
+            await self._canary(traj, last)
+        raise ContentRejected(f"reward service rejected the trajectory's content ({last})")
+
+    async def _canary(self, traj: Trajectory, rejected: str) -> None:
+        """Whether the service accepts anything: the same request with nothing the policy wrote (no turns, no test
+        report). Accepted: the rejection was about the content. Rejected too: a configuration error."""
+        async with self._canary_lock:
+            if self._accepts:
+                return
+            probe = traj.model_copy(update={"turns": [], "tests": None, "completion_ids": [], "logprobs": [],
+                                            "env_mask": []})
+            status, answer = await self._send(self.payload(probe), f"{traj.id} (canary)")
+            if status != 200:
+                raise ConfigError(
+                    f"reward service {self.opts.url} rejects every request: trajectory {traj.id} ({rejected}) and the "
+                    f"same request without the policy's text (HTTP {status}: {answer[:MAX_ERROR_BODY]!r}); check "
+                    "reward http.url and that the service speaks the agentrl.reward.v1 protocol (docs/rewards.md)")
+            self._accepts = True
+
+    async def _send(self, body: dict[str, Any], what: str) -> tuple[int, bytes]:
+        """POST `body`, retrying connection errors, timeouts, 429 and 5xx; the first other answer (status, body)."""
         session = self._client()
         last = ""
         for attempt in range(self.opts.retries + 1):
@@ -157,13 +193,11 @@ class HttpReward(RewardSource):
             except (aiohttp.ClientError, TimeoutError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 continue
-            if status == 200:
-                return parse_reward(answer, self.opts.url)
-            last = f"HTTP {status}: {answer[:MAX_ERROR_BODY]!r}"
             if status not in RETRY_STATUSES:
-                raise RewardServiceError(f"reward service {self.opts.url} rejected trajectory {traj.id} ({last})")
+                return status, answer
+            last = f"HTTP {status}: {answer[:MAX_ERROR_BODY]!r}"
         raise RewardServiceError(f"reward service {self.opts.url} failed {self.opts.retries + 1} times for trajectory "
-                                 f"{traj.id} (last: {last}); start it or fix reward http.url")
+                                 f"{what} (last: {last}); start it or fix reward http.url")
 
     async def _post(self, session: aiohttp.ClientSession, body: dict[str, Any]) -> tuple[int, bytes]:
         async with self._slots:

@@ -6,8 +6,9 @@ Order and exactness: sources are evaluated in the listed order and summed left t
 trajectory under the same config always gets bit-identical rewards (a lone `unit_tests` at weight 1 gives exactly
 the test fraction). Rules: `infra_error` trajectories stay unscored (reward None, no components); a source that
 returns None makes the whole reward None; a source that cannot reach its service raises `InfraError` out of `score`
-(the scheduler then marks the trajectory `infra_error` and retries it); a non-finite value is a bug, raised as
-`ValueError` naming the source.
+(the scheduler then leaves the trajectory unscored, `infra_error` / `reward_failed`, without sampling the episode
+again); a source that rejects the trajectory's content (`ContentRejected`) gives that component 0 and the reason in
+`meta["reward_rejected"]`; a non-finite value is a bug, raised as `ValueError` naming the source.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.reward.base import PromptMessages, RewardSource
+from agentrl.reward.base import ContentRejected, PromptMessages, RewardSource
 from agentrl.reward.registry import reward_class
 from agentrl.reward.spec import DEFAULT_REWARD, RewardSpec, check_reward_list
 from agentrl.types import Status, Trajectory
 
 META_KEY = "reward"
+REJECTED_KEY = "reward_rejected"  # meta: {source key: why it rejected the trajectory's content} (that component is 0)
 
 
 class Scorer:
@@ -45,12 +47,16 @@ class Scorer:
 
     async def score(self, traj: Trajectory) -> Trajectory:
         """A copy of `traj` with `reward`, `reward_components` and `meta["reward"]` set (see the module doc)."""
-        meta = {**traj.meta, META_KEY: self.describe()}
+        meta = {**{k: v for k, v in traj.meta.items() if k != REJECTED_KEY}, META_KEY: self.describe()}
         if traj.status is Status.infra_error:
             return traj.model_copy(update={"reward": None, "reward_components": {}, "meta": meta})
         components: dict[str, float] = {}
         for spec, source in self.sources:
-            value = await source.value(traj)
+            try:
+                value = await source.value(traj)
+            except ContentRejected as rejected:
+                value = 0.0
+                meta[REJECTED_KEY] = {**meta.get(REJECTED_KEY, {}), spec.key: rejected.reason}
             if value is None:
                 return traj.model_copy(update={"reward": None, "reward_components": components, "meta": meta})
             if not math.isfinite(value):

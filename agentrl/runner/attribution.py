@@ -1,39 +1,54 @@
 """Failure attribution: who is to blame when a trajectory does not end normally — the system or the policy.
 
-A policy under RL pressure will use any failure that is not charged to it to dodge a score it does not like, so
-`infra_error` (unscored, retried) is reserved for causes the system can prove are not the policy's. Everything else
-that breaks an episode after the policy has acted is `policy_error`: scored (the env's `failed_report`, 0), with
-the reason stored on the trajectory.
+Attribution is an allow-list of proofs. A policy under RL pressure will use any failure that is not charged to it to
+dodge a score it does not like, so `infra_error` (unscored, retried) needs evidence of a cause outside the policy's
+reach: the engine, a lease or setup failure before the policy's first action, a sandbox deleted / evicted / killed
+from outside (the backend proves it), an agent killed by a signal the policy can neither send nor provoke, a TTL
+kill while the budgets allowed the episode to still run (the reward service's own 5xx / timeout is handled by the
+scheduler's `_score`, not a stage here).
+Everything else from the policy's first action on is `policy_error`: scored (the env's `failed_report`, 0), with
+the reason stored on the trajectory. That includes any exception raised while handling what the policy produced
+(parsing, path resolution, reading its files, rendering its output), an OOM or pids exhaustion inside the sandbox,
+and a missed deadline on a sandbox that still answers.
 
     stage      exception                                   verdict
     ---------  ------------------------------------------  ------------------------------------------------------
     any        EngineError                                 infra   engine
-    lease      SandboxStartError / any / deadline          infra   sandbox_start / lease_timeout
+    start      any                                         infra   prompt_failed (before the policy)
+    lease      SandboxStartError / any / deadline          infra   sandbox_start / lease_failed / lease_timeout
     grade_     SandboxStartError / any / deadline          infra   grade_sandbox_start / grade_lease_failed /
       lease                                                        grade_lease_timeout (fresh grading: the second
                                                                    sandbox; the policy never ran in it)
     setup      any / deadline                              infra   setup_failed / setup_timeout   (before the policy)
-    turns,     SandboxDiedError, backend proves an         infra   sandbox_lost:<cause>  (deleted / evicted from
-    finalize     outside cause                                     outside, the sandbox process killed on the host)
-               SandboxDiedError, agent killed by a signal,  infra   sandbox_died:signal:<n> (commands cannot signal
-                 not the OOM killer, uid-separated sandbox         the agent: the host did)
+    turns,     SandboxDiedError, TTL kill ("deadline", or  infra   sandbox_lost:<cause> when the budgets allowed the
+    finalize     SIGALRM of a uid-separated agent)                 episode to still be running (the sandbox's TTL
+                                                                   covers them); else policy sandbox_ttl_below_budgets
+               SandboxDiedError, backend proves an         infra   sandbox_lost:<cause>  (deleted / evicted from
+                 outside cause                                     outside, the sandbox process killed on the host)
+               SandboxDiedError, the sandbox still         policy  sandbox_answers (a request missed its deadline
+                 answers a health probe                            while the agent was busy with the policy's work)
+               SandboxDiedError, agent killed by a signal,  infra   sandbox_died:signal:<n> (commands can neither
+                 not the OOM killer, uid-separated sandbox         signal the agent nor exhaust its memory / pids:
+                 whose control plane is resource-separated         the host did)
                SandboxDiedError during a command           policy  sandbox_died_in_command[:<cause>] (incl. oom)
-               SandboxDiedError between requests, the      infra   sandbox_died[:<cause>]  (commands cannot signal
-                 agent is out of the commands' reach               the agent: uid separation)
-               SandboxDiedError between requests, single   policy  sandbox_died_single_uid (its leftover processes
-                 uid sandbox                                       could have killed the agent)
-               other SandboxError                          infra   sandbox_error (the agent answered an error)
+               SandboxDiedError, single-uid sandbox        policy  sandbox_died_single_uid (its leftover processes
+                                                                   could have killed the agent)
+               SandboxDiedError, control plane shares the  policy  sandbox_died_shared_resources[:<cause>] (the
+                 commands' memory / pids                           commands could have starved the agent)
+               SandboxDiedError, any other                 policy  sandbox_died_unproven[:<cause>] (no proof of an
+                                                                   outside cause)
+               other SandboxError (the agent answered an   policy  sandbox_error (a request about the policy's data
+                 error)                                            failed)
     turns,     PolicyError (e.g. SandboxSurvivorsError:    policy  <its kind> (policy_broke_episode when it has none)
       finalize   the policy's processes survived SIGKILL)
     finalize   deadline                                    policy  finalize_timeout (the env's own budget fits in it,
                                                                    checked at start-up)
                any other exception                         policy  finalize_failed (e.g. what the policy left in the
                                                                    workspace cannot be read)
+    turns      any other exception                         policy  turn_failed (handling the policy's output raised:
+                                                                   parsing, paths, its files, rendering)
     (fresh grading: `finalize` covers collect() in the policy's sandbox and grade() in the fresh one; a death of
-    the fresh sandbox follows the rows above with that sandbox's facts: the policy's kept code runs only in its
-    commands, so a death during a command is the policy's, one between commands of a uid-separated sandbox is not)
-    turns      any other exception                         infra   internal_error (our bug; the policy's tool-call
-                                                                   failures never get here, they are observations)
+    the fresh sandbox follows the rows above with that sandbox's facts)
 """
 
 from __future__ import annotations
@@ -41,10 +56,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from agentrl.errors import EngineError, InfraError, PolicyError, SandboxDiedError, SandboxStartError
+from agentrl.errors import EngineError, PolicyError, SandboxDiedError, SandboxError, SandboxStartError
 from agentrl.types import Status
 
 EXTERNAL_CAUSES = ("deleted", "evicted", "killed", "node_lost", "preempted")  # provably from outside the sandbox
+TTL_CAUSES = ("deadline",)  # the backend's TTL ended the sandbox (Kubernetes activeDeadlineSeconds)
+TTL_ALARM = "signal:14"  # docker's TTL: SIGALRM to the agent (only the host can send it to a uid-separated agent)
 
 
 class Stage(str, Enum):
@@ -69,11 +86,18 @@ class Verdict:
 
 @dataclass(frozen=True)
 class DeathFacts:
-    """What the sandbox layer can prove about a sandbox that stopped answering."""
+    """What the sandbox layer can prove about a sandbox that stopped answering (unset facts prove nothing: every
+    death is then the policy's)."""
 
-    in_flight: bool  # the connection broke while a command (POST /exec: the policy's code) was running
-    uid_separated: bool  # commands run under another uid than the agent: they cannot signal it
-    cause: str | None  # the backend's proven cause ("deleted", "evicted", "oom", "signal:9", ...) or None
+    in_flight: bool = False  # the connection broke while a command (POST /exec: the policy's code) was running
+    uid_separated: bool = False  # commands run under another uid than the agent: they cannot signal it
+    cause: str | None = None  # the backend's proven cause ("deleted", "evicted", "oom", "signal:9", ...) or None
+    # the agent's memory / pids / CPU are not the commands' (its own cgroup share): the commands cannot starve it
+    control_plane_separated: bool = False
+    answers: bool = False  # a health probe after the failure got an answer: the sandbox is alive
+    # the sandbox's TTL covers the episode's budgets (lease + setup + trajectory + finalize + teardown): the stage
+    # deadlines end every episode before the TTL, so a TTL kill came while the budgets allowed it to still run
+    within_budgets: bool = False
 
 
 def _infra(kind: str, exc: BaseException | str) -> Verdict:
@@ -102,16 +126,16 @@ def classify(exc: BaseException, stage: Stage, *, deadline_expired: bool = False
     if stage is Stage.grade_lease:
         return _grade_lease(exc, deadline_expired)
     if isinstance(exc, SandboxDiedError):
-        return _sandbox_death(exc, death or DeathFacts(in_flight=False, uid_separated=False, cause=None))
-    if isinstance(exc, InfraError):
-        return _infra("sandbox_error", exc)
+        return _sandbox_death(exc, death or DeathFacts())
     if isinstance(exc, PolicyError):
         return _policy(getattr(exc, "kind", None) or "policy_broke_episode", exc)
+    if isinstance(exc, SandboxError):
+        return _policy("sandbox_error", f"the sandbox's agent refused a request on the policy's data: {_text(exc)}")
     if stage is Stage.finalize:
         if deadline_expired:
             return _policy("finalize_timeout", f"grading did not finish within finalize_timeout_s: {_text(exc)}")
         return _policy("finalize_failed", f"grading failed on what the policy left behind: {_text(exc)}")
-    return _infra("internal_error", exc)
+    return _policy("turn_failed", f"handling the policy's output failed: {_text(exc)}")
 
 
 def _before_policy(exc: BaseException, stage: Stage, deadline_expired: bool) -> Verdict:
@@ -134,16 +158,38 @@ def _grade_lease(exc: BaseException, deadline_expired: bool) -> Verdict:
 
 
 def _sandbox_death(exc: SandboxDiedError, facts: DeathFacts) -> Verdict:
-    if facts.cause is not None and facts.cause.split(":")[0] in EXTERNAL_CAUSES:
-        return _infra(_with_cause("sandbox_lost", facts.cause), exc)
-    if facts.uid_separated and facts.cause is not None and facts.cause.startswith("signal:"):
-        # the agent died of a signal the policy cannot send (its commands run under another uid) and the kernel's
-        # OOM killer is excluded (that cause is "oom"): the host or an admin killed it
-        return _infra(_with_cause("sandbox_died", facts.cause), exc)
+    """The rows of the table for a SandboxDiedError after the policy's first action, in order: proofs first."""
+    cause = facts.cause
+    if cause in TTL_CAUSES or (cause == TTL_ALARM and facts.uid_separated):
+        return _ttl_kill(exc, facts)
+    if cause is not None and cause.split(":")[0] in EXTERNAL_CAUSES:
+        return _infra(_with_cause("sandbox_lost", cause), exc)
+    if facts.answers:
+        return _policy("sandbox_answers", f"a request missed its deadline while the sandbox still answers (busy with "
+                                          f"the policy's work): {_text(exc)}")
+    if facts.uid_separated and facts.control_plane_separated and cause is not None and cause.startswith("signal:"):
+        # a signal the policy cannot send (its commands run under another uid) nor provoke (the agent's memory and
+        # pids are its own; the kernel's OOM killer is excluded: that cause is "oom"): the host or an admin sent it
+        return _infra(_with_cause("sandbox_died", cause), exc)
     if facts.in_flight:
-        return _policy(_with_cause("sandbox_died_in_command", facts.cause),
+        return _policy(_with_cause("sandbox_died_in_command", cause),
                        f"the sandbox died while running the policy's command: {_text(exc)}")
-    if facts.uid_separated:
-        return _infra(_with_cause("sandbox_died", facts.cause), exc)
-    return _policy("sandbox_died_single_uid",
-                   f"the sandbox died between commands and its commands share the agent's uid: {_text(exc)}")
+    if not facts.uid_separated:
+        return _policy("sandbox_died_single_uid",
+                       f"the sandbox died and its commands share the agent's uid: {_text(exc)}")
+    if not facts.control_plane_separated:
+        return _policy(_with_cause("sandbox_died_shared_resources", cause),
+                       f"the sandbox died and its agent shares memory / pids with the policy's commands: {_text(exc)}")
+    return _policy(_with_cause("sandbox_died_unproven", cause),
+                   f"the sandbox died with no proof of an outside cause: {_text(exc)}")
+
+
+def _ttl_kill(exc: SandboxDiedError, facts: DeathFacts) -> Verdict:
+    """The sandbox's TTL ended it. The system's when the budgets allowed the episode to still be running (the TTL
+    covers them, so it counted time that was not the episode's); otherwise nothing proves the policy did not stretch
+    its episode into a TTL shorter than its budgets (a config the start-up check refuses)."""
+    if facts.within_budgets:
+        return _infra(_with_cause("sandbox_lost", facts.cause), exc)
+    return _policy("sandbox_ttl_below_budgets",
+                   f"the sandbox's TTL (sandbox.spec.ttl_s) ended the episode before its budgets did; raise ttl_s "
+                   f"to cover lease + setup + trajectory + finalize + teardown: {_text(exc)}")

@@ -2,8 +2,10 @@
 
 Infra errors are excluded from training; a few are noise, many mean the survivors are a biased sample (the hard
 tasks are the ones whose sandboxes time out). The guard counts finished trajectories (after retries) and raises
-`UnscoredLimitError` naming the most common cause once at least `min_trajectories` are in and more than
-`max_frac` of them are infra_error.
+`UnscoredLimitError` naming the most common cause and the count of every cause (by `error_kind`) once at least
+`min_trajectories` are in and more than `max_frac` of them are infra_error. Only infra_error counts, and attribution
+(attribution.py) makes that a proven cause outside the policy's reach, so a policy cannot stop a run by failing:
+its failures are scored.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class UnscoredGuard:
         raise UnscoredLimitError(
             f"{self.unscored}/{self.total} trajectories of {where} ({self.frac:.0%}) ended as infra_error, over "
             f"the limit of {self.max_frac:.0%} (max_unscored_frac); most common cause: {cause} ({count}x). "
-            f"All causes: {dict(self.causes.most_common())}. Fix the cause (agentrl stats / the trajectories' "
+            f"Unscored by error_kind: {dict(self.causes.most_common())}. Fix the cause (agentrl stats / the trajectories' "
             f"`error` field show details) or raise max_unscored_frac if this rate is expected.")
 
     def summary(self) -> dict[str, object]:

@@ -36,6 +36,7 @@ from agentrl.types import Status, TestReport, Timing, Trajectory
 
 T = TypeVar("T")
 DEATH_CAUSE_TIMEOUT_S = 10.0
+REWARD_FAILED = "reward_failed"  # error_kind of a trajectory the scorer could not score (never re-run)
 
 log = logging.getLogger("agentrl.runner")
 
@@ -57,6 +58,12 @@ class SchedulerConfig:
     seed: int | None = None  # deterministic: ids and per-turn sampling seeds derived from it (runner/seeds.py)
     namespace: str = ""  # separates deterministic runs that share a seed (e.g. evaluation modes)
 
+    def episode_budget_s(self) -> float:
+        """The longest one episode may hold a sandbox: the stage deadlines end it within this (a sandbox's TTL
+        must cover it, `agentrl.config.check_ttl_covers_budgets`)."""
+        return (self.lease_timeout_s + self.setup_timeout_s + self.trajectory_timeout_s + self.finalize_timeout_s
+                + self.teardown_timeout_s)
+
     @classmethod
     def from_config(cls, cfg: Any, *, group_size: int | None = None) -> SchedulerConfig:
         """From a RolloutConfig / TrainConfig (duck-typed: `budgets`, `group_size`, `max_trajectories`, ...)."""
@@ -64,7 +71,8 @@ class SchedulerConfig:
         return cls(group_size=group_size or cfg.group_size, max_trajectories=cfg.max_trajectories,
                    trajectory_timeout_s=b.trajectory_timeout_s, infra_retries=cfg.infra_retries,
                    lease_timeout_s=b.lease_timeout_s, setup_timeout_s=b.setup_timeout_s,
-                   finalize_timeout_s=b.finalize_timeout_s, max_unscored_frac=cfg.max_unscored_frac,
+                   finalize_timeout_s=b.finalize_timeout_s, teardown_timeout_s=b.teardown_timeout_s,
+                   max_unscored_frac=cfg.max_unscored_frac,
                    unscored_min_trajectories=cfg.unscored_min_trajectories,
                    seed=cfg.seed if getattr(cfg, "deterministic", False) else None)
 
@@ -196,7 +204,8 @@ class Scheduler:
         while True:
             traj = await self._attempt(task, group_id, sample_index, attempt, step)
             self.progress.in_flight.pop(traj.id, None)  # in the same step as _account: the live counts never dip
-            if traj.status is not Status.infra_error or attempt >= self.config.infra_retries:
+            if (traj.status is not Status.infra_error or attempt >= self.config.infra_retries
+                    or traj.error_kind == REWARD_FAILED):  # the episode was fine: never sample it again
                 self._account(traj)
                 return traj
             log.warning("trajectory %s (task %s) infra error [%s], attempt %d: %s", traj.id, task.id,
@@ -235,14 +244,18 @@ class Scheduler:
         return integrity.observe(await self._score(self._safe_record(run, group_id, k, attempt, step)))
 
     async def _score(self, traj: Trajectory) -> Trajectory:
-        """The scorer's reward; a scorer that fails (reward service down, a source's bug) makes it infra_error:
-        not the policy's fault, never scored as 0."""
+        """The scorer's reward. A scorer that fails (the reward service's 5xx / timeout after its own retries, a
+        source's bug) leaves the trajectory unscored: infra_error `reward_failed`, never 0, and the episode is not
+        sampled again (that would select for whatever the reward model accepts). A ConfigError (a reward service
+        that rejects every request) stops the run."""
         try:
             return await self.scorer.score(traj)
+        except ConfigError:
+            raise
         except Exception as exc:  # noqa: BLE001
             error = f"reward: {type(exc).__name__}: {exc}"
             return traj.model_copy(update={"status": Status.infra_error, "reward": None, "reward_components": {},
-                                           "error_kind": "reward_failed",
+                                           "error_kind": REWARD_FAILED,
                                            "error": error if traj.error is None else f"{traj.error}\n{error}"})
 
     async def _leased(self, run: _Attempt) -> None:
@@ -323,6 +336,8 @@ class Scheduler:
         return classify(exc, stage, deadline_expired=isinstance(exc, _StageDeadline), death=death)
 
     async def _death_facts(self, exc: SandboxDiedError, sandbox: Any) -> DeathFacts:
+        """What can be proven about a sandbox a stage found dead: the backend's cause, whether the sandbox still
+        answers (then a missed deadline is the policy's), and what separates its agent from the commands."""
         cause = None
         try:
             cause = await asyncio.wait_for(self.pool.death_cause(sandbox), DEATH_CAUSE_TIMEOUT_S)
@@ -330,7 +345,11 @@ class Scheduler:
             log.warning("sandbox %s: asking the backend why it died failed: %s", sandbox, err)
         # only a command runs the policy's code: a death during a file request or a health check is not its doing
         in_command = exc.in_flight and exc.request.endswith("/exec")
-        return DeathFacts(in_flight=in_command, uid_separated=bool(sandbox.uid_separated), cause=cause)
+        ttl_s = getattr(getattr(sandbox, "spec", None), "ttl_s", None)
+        return DeathFacts(in_flight=in_command, uid_separated=bool(sandbox.uid_separated), cause=cause,
+                          control_plane_separated=_resources_separated(sandbox),
+                          answers=cause is None and await _answers(sandbox),
+                          within_budgets=ttl_s is not None and ttl_s >= self.config.episode_budget_s())
 
     async def _teardown(self, lease: Any, exc: BaseException | None) -> None:
         """Return the lease (within teardown_timeout_s). A cancellation that lands meanwhile waits for the return to
@@ -402,6 +421,21 @@ def _check_submit(task: Any, group_id: Any, step: Any) -> None:
                          "per (task, step)")
     if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
         raise ValueError(f"submit(step={step!r}): pass a step number >= 0, or None outside training")
+
+
+def _resources_separated(sandbox: Any) -> bool:
+    """The agent's memory / pids / CPU are not the commands' (its last /health said `resources_separated`)."""
+    info = getattr(sandbox, "agent_info", None)
+    return isinstance(info, dict) and info.get("resources_separated") is True
+
+
+async def _answers(sandbox: Any) -> bool:
+    """A health probe of a sandbox a stage found dead: True when its agent answers (never raises)."""
+    try:
+        return bool(await asyncio.wait_for(sandbox.health(), DEATH_CAUSE_TIMEOUT_S))
+    except Exception as err:  # noqa: BLE001 - no answer is no answer
+        log.warning("sandbox %s: health probe after a failure: %s", sandbox, err)
+        return False
 
 
 async def _drift_result(task: asyncio.Task[str | None]) -> str | None:

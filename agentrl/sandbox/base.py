@@ -43,7 +43,7 @@ class SandboxSpec(BaseModel):
     output_limit: int = Field(default=64 * 1024, ge=1024)  # bytes kept per stream per exec
     default_timeout_s: float = Field(default=30.0, gt=0)
     network: bool = False
-    ttl_s: int = Field(default=3600, ge=10)
+    ttl_s: int = Field(default=7200, ge=10)  # covers the default budgets (agentrl.config.check_ttl_covers_budgets)
     # extra empty writable directories outside the workspace (e.g. ("/repo",) for an SWE-style repository), each
     # owned by the sandbox user, size-limited like the workspace (`disk` each) and usable by the file API
     writable_dirs: tuple[str, ...] = ()

@@ -15,9 +15,12 @@ from typing import Any
 import pytest
 
 from agentrl.envs import get_env
-from agentrl.errors import EngineUnavailableError, UnscoredLimitError
+from agentrl.errors import ConfigError, EngineUnavailableError, SandboxDiedError, UnscoredLimitError
+from agentrl.reward import Scorer, parse_reward_list
+from agentrl.reward.server import RewardServer
 from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
 from agentrl.sandbox import SandboxPool, SandboxSpec
+from agentrl.sandbox.client import Sandbox
 from agentrl.testing.scripted import ScriptedEngine
 from agentrl.tools.render import ChatRenderer
 from agentrl.types import SamplingParams, Status, ToolResult
@@ -168,6 +171,45 @@ async def test_scoring_bug_is_unscored_not_zero_and_not_hung(env: Any, task: Any
     assert group[0].reward is None and "scoring exploded" in (group[0].error or "")
 
 
+async def test_a_failing_reward_service_leaves_the_episode_unscored_and_never_samples_it_again(
+        env: Any, task: Any, smollm2_tokenizer: Any) -> None:
+    """The reward service answers 503 to every request (its own retries included): the trajectory is unscored
+    (reward_failed), and the episode is not sampled again (that would select for what the service accepts)."""
+    service = RewardServer(fail_first=1000)
+    url = await service.start()
+    engine = ScriptedEngine(smollm2_tokenizer, ["no code"])
+    try:
+        async with _pool() as pool, _http_scorer(url) as scorer:
+            sched = _scheduler(env, engine, smollm2_tokenizer, pool, infra_retries=2, max_unscored_frac=1.0)
+            sched.scorer = scorer
+            traj = await sched.run_one(task, group_id="g", sample_index=0)
+    finally:
+        await service.stop()
+    assert (traj.status, traj.error_kind, traj.reward) == (Status.infra_error, "reward_failed", None)
+    assert traj.attempt == 0 and len(engine.calls) == 1, "the scoring was retried, never the episode"
+    assert service.received == 3 and "HTTP 503" in (traj.error or "")
+
+
+async def test_a_reward_service_that_rejects_every_request_stops_the_run(
+        env: Any, task: Any, smollm2_tokenizer: Any) -> None:
+    service = RewardServer()
+    url = await service.start()
+    engine = ScriptedEngine(smollm2_tokenizer, ["no code"] * 4)
+    try:
+        async with _pool() as pool, _http_scorer(url.replace("/score", "/nope")) as scorer:
+            sched = _scheduler(env, engine, smollm2_tokenizer, pool, group_size=2, max_unscored_frac=1.0)
+            sched.scorer = scorer
+            with pytest.raises(ConfigError, match="HTTP 404.*fix reward http.url"):
+                await asyncio.wait_for(_collect(sched.run([task])), 60)
+    finally:
+        await service.stop()
+
+
+def _http_scorer(url: str) -> Scorer:
+    spec = {"http": {"url": url, "retries": 2, "backoff_s": 0.01, "timeout_s": 5}}
+    return Scorer(parse_reward_list([spec], "t"))
+
+
 async def test_record_bug_is_recorded_not_hung(env: Any, task: Any, smollm2_tokenizer: Any,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     engine = ScriptedEngine(smollm2_tokenizer, ["no code"])
@@ -252,6 +294,17 @@ async def test_processes_the_policy_left_running_are_dead_before_grading(env: An
     assert traj.status is not Status.infra_error
 
 
+def _has_children(pid: int) -> bool:
+    """Any thread of `pid` has a child (the agent starts commands from its request threads)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "children").read_text().split():
+                return True
+        except OSError:  # the thread ended meanwhile
+            continue
+    return False
+
+
 def _agent_pids(pool: Any) -> list[int]:
     """Host pids of the in-sandbox agents (bwrap -> its pid-1 child -> the agent)."""
     out = []
@@ -262,20 +315,34 @@ def _agent_pids(pool: Any) -> list[int]:
     return out
 
 
-async def test_agent_killed_from_the_host_during_a_command_is_infra_and_retried(
-        env: Any, task: Any, smollm2_tokenizer: Any) -> None:
-    """The agent of a uid-separated sandbox dies of SIGKILL while the policy's command runs: the policy cannot send
-    that signal (and it is not the OOM killer), so the host did it: infra_error, retried."""
+@pytest.mark.parametrize("resources_separated", [True, False])
+async def test_agent_killed_by_sigkill_during_a_command_is_infra_only_with_proof(
+        env: Any, task: Any, smollm2_tokenizer: Any, monkeypatch: pytest.MonkeyPatch,
+        resources_separated: bool) -> None:
+    """The agent of a uid-separated sandbox dies of SIGKILL while the policy's command runs. When its health says
+    the agent's resources are its own, the policy can neither send that signal nor provoke it (the OOM killer is
+    excluded): the host did it, infra_error. Without that proof the commands could have starved the agent into
+    the kill: the policy's (scored)."""
+    if resources_separated:
+        real_health = Sandbox.health
+
+        async def health(self: Sandbox) -> bool:
+            ok = await real_health(self)
+            self.agent_info["resources_separated"] = True  # what a resource-separated agent's /health says
+            return ok
+
+        monkeypatch.setattr(Sandbox, "health", health)
     pool = _pool()
     engine = ScriptedEngine(smollm2_tokenizer, [_code("import time\ntime.sleep(20)")])
     killed: list[int] = []
 
     async def killer() -> None:
         while not killed:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(0.2)
             for pid in _agent_pids(pool):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
+                if _has_children(pid):  # only once the command runs
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
 
     async with pool:
         task_killer = asyncio.create_task(killer())
@@ -283,5 +350,34 @@ async def test_agent_killed_from_the_host_during_a_command_is_infra_and_retried(
             task, group_id="g", sample_index=0)
         task_killer.cancel()
     assert killed, "the fault was injected"
-    assert traj.status is Status.infra_error, (traj.status, traj.error_kind, traj.error)
-    assert traj.error_kind == "sandbox_died:signal:9" and traj.reward is None
+    if resources_separated:
+        assert traj.status is Status.infra_error, (traj.status, traj.error_kind, traj.error)
+        assert traj.error_kind == "sandbox_died:signal:9" and traj.reward is None
+    else:
+        assert traj.status is Status.policy_error, (traj.status, traj.error_kind, traj.error)
+        assert traj.error_kind == "sandbox_died_in_command:signal:9" and traj.reward == 0.0
+
+
+class _StallingReadEnv:
+    """code_tests, except that its solution read stalls like a read of a FIFO the policy planted and then, as an
+    env may, raises SandboxDiedError itself (the agent is still alive and answering)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def finalize(self, sandbox: Any, task: Any) -> Any:
+        raise SandboxDiedError(f"sandbox {sandbox.id}: reading solution.py timed out", in_flight=True,
+                               request="POST /read")
+
+
+async def test_a_missed_deadline_on_a_sandbox_that_still_answers_is_the_policys(
+        env: Any, task: Any, smollm2_tokenizer: Any) -> None:
+    engine = ScriptedEngine(smollm2_tokenizer, [_code(_wrong_answer(task)), "done"])
+    async with _pool() as pool:
+        traj = await _scheduler(_StallingReadEnv(env), engine, smollm2_tokenizer, pool, infra_retries=1).run_one(
+            task, group_id="g", sample_index=0)
+    assert (traj.status, traj.error_kind) == (Status.policy_error, "sandbox_answers"), traj.error
+    assert traj.attempt == 0 and traj.reward == 0.0

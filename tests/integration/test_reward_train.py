@@ -144,6 +144,6 @@ def test_reward_service_down_is_infra_error_not_zero(smollm2_tokenizer: Any) -> 
 
     traj = asyncio.run(go())
     assert traj.status is Status.infra_error and traj.reward is None and traj.reward_components == {}
-    assert traj.attempt == 1  # retried within the budget
+    assert traj.attempt == 0  # the scoring was retried (retries: 1), never the episode
     assert "RewardServiceError" in (traj.error or "") and "127.0.0.1:9" in (traj.error or "")
     assert traj.tests is not None and traj.tests.passed == 2  # the tests passed: only the reward service failed

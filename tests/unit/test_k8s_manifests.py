@@ -149,12 +149,13 @@ def _kubernetes_wired() -> bool:
 @pytest.mark.skipif(not _kubernetes_wired(), reason="agentrl.config does not accept sandbox.backend.type=kubernetes "
                                                     "yet (KubernetesSandboxConfig is not in SandboxBackendConfig)")
 def test_whole_configs_validate(rendered: tuple[str, list[dict]]) -> None:
-    from agentrl.config import RolloutConfig
+    from agentrl.config import RolloutConfig, check_ttl_covers_budgets
     from agentrl.trainer.config import TrainConfig
 
     _, objs = rendered
     for name, cfg in _configs(objs).items():
-        (TrainConfig if name == "job.yaml" else RolloutConfig).model_validate(cfg)
+        config = (TrainConfig if name == "job.yaml" else RolloutConfig).model_validate(cfg)
+        check_ttl_covers_budgets(config.budgets, config.sandbox)  # what start-up checks: the TTL covers the budgets
 
 
 def test_renderer_refuses_what_it_does_not_support(tmp_path: Path) -> None:

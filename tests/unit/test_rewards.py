@@ -18,7 +18,7 @@ from agentrl.reward import (RewardServiceError, RewardSpec, Scorer, available_re
                             parse_reward_list, score)
 from agentrl.reward.server import RewardServer, reference_reward
 from agentrl.store import TrajectoryStore, read_trajectories
-from agentrl.types import Message, Status, ToolCall, ToolResult, Trajectory, Turn
+from agentrl.types import SCHEMA_VERSION, Message, Status, ToolCall, ToolResult, Trajectory, Turn
 from agentrl.types import TestOutcome as Outcome
 from agentrl.types import TestReport as Report
 
@@ -223,15 +223,81 @@ async def test_http_garbage_or_persistent_failure_is_an_infra_error(server_kwarg
     assert server.received == requests
 
 
-async def test_http_rejected_request_is_not_retried() -> None:
-    server = RewardServer()
-    url = await server.start()
+class _PickyService:
+    """A real aiohttp reward service: answers `status` for a trajectory whose model text contains `trigger` (or for
+    every request with `reject_all`), {"reward": 1.0} otherwise; counts what it received."""
+
+    def __init__(self, status: int, *, trigger: str = "HUGE", reject_all: bool = False) -> None:
+        self.status, self.trigger, self.reject_all = status, trigger, reject_all
+        self.bodies: list[dict[str, Any]] = []
+        self._runner: Any = None
+
+    async def _score(self, request: Any) -> Any:
+        from aiohttp import web
+
+        body = await request.json()
+        self.bodies.append(body)
+        if self.reject_all or self.trigger in body["completion_text"]:
+            return web.json_response({"detail": "request entity too large"}, status=self.status)
+        return web.json_response({"reward": 1.0})
+
+    async def start(self) -> str:
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_post("/score", self._score)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        return f"http://127.0.0.1:{port}/score"
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+
+@pytest.mark.parametrize("status", [400, 413, 422])
+@pytest.mark.parametrize("first", [True, False])
+async def test_http_content_rejection_is_a_zero_with_the_reason_not_a_failure(status: int, first: bool) -> None:
+    """The policy's text makes the service refuse it while the service accepts other requests: that component is
+    0 with the service's reason (not unscored: a policy must not dodge a score by writing what the RM rejects).
+    `first`: nothing was accepted yet, so a canary without the policy's text shows the service works."""
+    service = _PickyService(status)
+    url = await service.start()
     try:
-        async with _http_scorer(url.replace("/score", "/nope")) as scorer:
-            with pytest.raises(RewardServiceError, match="rejected .*HTTP 404"):
+        async with _http_scorer(url) as scorer:
+            if not first:
+                assert (await scorer.score(traj(tid="fine"))).reward == 1.0
+            scored = await scorer.score(traj(text="HUGE " * 100, tid="hostile"))
+    finally:
+        await service.stop()
+    assert scored.reward == 0.0 and scored.reward_components == {"http": 0.0}
+    assert f"HTTP {status}" in scored.meta["reward_rejected"]["http"]
+    assert "request entity too large" in scored.meta["reward_rejected"]["http"]
+    hostile = [b for b in service.bodies if b["trajectory_id"] == "hostile"]
+    assert len(hostile) == (2 if first else 1), "never retried; the canary only while nothing was accepted"
+    if first:
+        assert hostile[1]["completion_text"] == "" and hostile[1]["tests"] is None, "the canary has no policy text"
+
+
+@pytest.mark.parametrize(("status", "reject_all", "match"), [
+    (422, True, "rejects every request"),
+    (413, True, "rejects every request"),
+    (401, False, "not about the trajectory's content"),
+    (404, False, "not about the trajectory's content"),
+])
+async def test_http_a_service_that_rejects_every_request_is_a_configuration_error(
+        status: int, reject_all: bool, match: str) -> None:
+    service = _PickyService(status, trigger="", reject_all=reject_all)
+    url = await service.start()
+    try:
+        async with _http_scorer(url) as scorer:
+            with pytest.raises(ConfigError, match=match) as info:
                 await scorer.score(traj())
     finally:
-        await server.stop()
+        await service.stop()
+    assert not isinstance(info.value, InfraError) and "reward http.url" in str(info.value)
 
 
 async def test_http_concurrency_limit_holds() -> None:
@@ -270,10 +336,20 @@ def test_version_1_records_read_with_empty_components(tmp_path: Path) -> None:
     path = tmp_path / "old.jsonl"
     path.write_text(json.dumps(old) + "\n")
     [t] = read_trajectories(path)
-    assert t.reward_components == {} and t.schema_version == 2
+    assert t.reward_components == {} and t.schema_version == SCHEMA_VERSION
     with TrajectoryStore(tmp_path / "new.jsonl") as store:
         store.append_group([t.model_copy(update={"reward_components": {"unit_tests": 1.0}})])
     assert read_trajectories(tmp_path / "new.jsonl")[0].reward_components == {"unit_tests": 1.0}
+
+
+def test_version_2_records_read_without_integrity_fields(tmp_path: Path) -> None:
+    old = json.loads(traj().model_dump_json())
+    old["schema_version"] = 2
+    del old["integrity"]
+    path = tmp_path / "v2.jsonl"
+    path.write_text(json.dumps(old) + "\n")
+    [t] = read_trajectories(path)
+    assert t.integrity == [] and t.schema_version == SCHEMA_VERSION == 3
 
 
 # -- rescore and snapshot rows -----------------------------------------------------------------------------------------

@@ -23,9 +23,12 @@ Who runs what (the verdict cannot be forged by the solution):
 - The SPAWNER is forked before the spec is read, so its memory holds no test; it receives only the prelude, the
   solution and the entry point, and forks one SOLUTION process per test (own process group; fd 0/1/2 on /dev/null;
   every other inherited fd closed except the pipe it reads calls from and the pipe it writes values on).
-- The judge marks itself non-dumpable before forking (a same-uid process can neither ptrace it nor open
-  /proc/<pid>/fd/*), moves its own stdout aside (fd 1 becomes /dev/null) and writes the one result line at the very
-  end: RESULT_MARK + nonce + " " + {"results": [[name, passed, message], ...]}.
+- The judge marks itself non-dumpable as its first statement (a same-uid process can then neither ptrace it nor
+  open /proc/<pid>/mem or fd/*). The interpreter's start-up and the ctypes import still come before it, so what
+  really holds is that it is started only once no policy process is alive (the env kills them all first): nothing
+  exists that could attach in that moment, and everything it forks afterwards is non-dumpable too.
+- The judge moves its own stdout aside (fd 1 becomes /dev/null) and writes the one result line at the very end:
+  RESULT_MARK + nonce + " " + {"results": [[name, passed, message], ...]}.
 
 A solution that hangs is killed (with its process group) at the test's timeout; one that crashes, exits, raises or
 returns something that is not plain data fails that test with a message saying so.
@@ -33,8 +36,22 @@ returns something that is not plain data fails that test with a message saying s
 
 import sys
 
-# Before any other import: drop the cwd / script dir from sys.path so a planted json.py cannot shadow the stdlib.
+
+def _make_non_dumpable():
+    """prctl(PR_SET_DUMPABLE, 0): same-uid processes can no longer ptrace us or open /proc/<pid>/mem, fd/*, environ.
+    Inherited by the forks. Best effort (not Linux, no libc)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
+    except (ImportError, OSError, AttributeError):
+        pass
+
+
+# First, before any other import: drop the cwd / script dir from sys.path so a planted ctypes.py or json.py cannot
+# shadow the stdlib, then turn non-dumpable (ctypes is the only import before that).
 sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+_make_non_dumpable()
 
 import ast  # noqa: E402
 import builtins  # noqa: E402
@@ -650,24 +667,12 @@ def run_all(spec, spawner):
     return results
 
 
-def _make_non_dumpable():
-    """prctl(PR_SET_DUMPABLE, 0): same-uid processes can no longer ptrace us or open /proc/<pid>/fd/*, mem, environ.
-    Inherited by the forks. Best effort (not Linux, no libc)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
-    except (ImportError, OSError, AttributeError):
-        pass
-
-
 def main():
     for module in PRELOAD:  # imported once here, inherited by the spawner and every solution process
         try:
             __import__(module)
         except ImportError:
             pass
-    _make_non_dumpable()
     os.chdir("/")
     report_fd = os.dup(1)  # the only way to the result line; fd 1 becomes /dev/null so nothing else lands there
     devnull = os.open(os.devnull, os.O_RDWR)

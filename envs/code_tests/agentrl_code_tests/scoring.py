@@ -8,6 +8,10 @@ its own sandbox); a sandbox that dies raises from the sandbox client (infra) and
 The report is believed only when the harness exited 0 and the last line of its stdout is RESULT_MARK followed by
 the per-run nonce this module generated and passed on stdin (the harness never shows it to solution code), with one
 row per test in order. Anything else (a forged line, a killed harness, a timeout) is "no report": 0 passed.
+
+No grader runs while a policy process is alive: every harness run (visible tests included) starts only after
+`kill_all()` left no process of the policy in the sandbox, so nothing of the policy can reach the judge in the
+moment before it turns non-dumpable (a daemon that opened its memory then could rewrite its verdicts).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ async def run_harness(sandbox: Sandbox, data: Any, solution: str, tests: Sequenc
                       timeout_s: float, budget_s: float) -> TestReport:
     """Run `tests` against `solution` in the sandbox, each test in its own process. Never raises for anything the
     solution does; sandbox failures propagate."""
+    await sandbox.kill_all()  # nothing of the policy may be alive while the judge starts (module docstring)
     nonce = new_nonce()
     spec = harness_spec(data, solution, tests, timeout_s=timeout_s, budget_s=budget_s, nonce=nonce)
     result = await sandbox.exec(["python3", "-I", "-c", harness_source()], stdin=spec,
