@@ -325,7 +325,8 @@ class ExecRun:
 
     def start(self) -> subprocess.Popen:
         proc = subprocess.Popen(
-            self.cgroup.wrap(self.identity.wrap(self.argv)), cwd=self.cwd, env=self.env, start_new_session=True, close_fds=True,
+            self.cgroup.wrap(self.identity.wrap(self.argv)), cwd=self.cwd, env=self.env, start_new_session=True,
+            close_fds=True,
             stdin=subprocess.PIPE if self.stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **self.identity.popen_kwargs(),
         )

@@ -427,10 +427,11 @@ class LocalBackend:
 
     async def death_cause(self, handle: SandboxHandle) -> str | None:
         """Why the sandbox is gone, as far as this host can prove: "deleted" (its state dir was removed from outside,
-        e.g. by a sweep), "killed:<n>" (bubblewrap itself was signalled from the host), "oom" (its agent died of
-        SIGKILL and the kernel OOM-killed in the cgroup it shares with the commands), "killed:oom" (resource-separated:
-        the OOM killer took the agent in its own cgroup, which the commands cannot fill), "signal:<n>" / "exited:<code>" (how the agent ended, which
-        bubblewrap mirrors); None while it runs or when unknown."""
+        e.g. by a sweep), "killed:<n>" (bubblewrap itself was signalled from the host), "oom" (bubblewrap or its
+        agent died of SIGKILL and the kernel OOM-killed in the cgroup they share with the commands), "killed:oom"
+        (resource-separated: the OOM killer took the agent in its own cgroup, which the commands cannot fill),
+        "signal:<n>" / "exited:<code>" (how the agent ended, which bubblewrap mirrors); None while it runs or when
+        unknown."""
         if not await asyncio.to_thread((self.state_root / handle.id).is_dir):
             return "deleted"
         live = self._live.get(handle.id)
