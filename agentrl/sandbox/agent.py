@@ -211,14 +211,13 @@ class CommandCgroup:
         count stay the agent's); v2 joins in the child (`wrap`)."""
         if self.version != "v1":
             return start()
-        tid = str(threading.get_native_id())
-        try:
+        try:  # "0": the writing thread itself, which the kernel moves without its global threadgroup lock
             for d in self.dirs:
-                _write_file(f"{d}/commands/tasks", tid)
+                _write_file(f"{d}/commands/tasks", "0")
             return start()
         finally:
             for d in self.dirs:
-                _write_file(f"{d}/agent/tasks", tid)
+                _write_file(f"{d}/agent/tasks", "0")
 
     def wrap(self, argv: list[str]) -> list[str]:
         """v2: `argv` behind a shell that moves itself into `commands` first (as uid 0, before setpriv)."""

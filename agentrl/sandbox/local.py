@@ -107,7 +107,7 @@ class LocalBackend:
     def __init__(self, *, state_dir: str | os.PathLike[str] | None = None, unsafe_no_isolation: bool = False,
                  bwrap: str = "bwrap", search_path: str | None = None, python: str | None = None,
                  ro_binds: Sequence[str] = (), share_host_python: bool = False, limits_mode: str = "auto",
-                 start_timeout_s: float = 30.0) -> None:
+                 start_timeout_s: float = 30.0, separate_resources: bool = True) -> None:
         if limits_mode not in limits.MODES:
             raise ConfigError(f"limits_mode={limits_mode!r}: choose one of {', '.join(limits.MODES)}")
         self.state_root = Path(state_dir) if state_dir is not None else default_state_root()
@@ -133,6 +133,7 @@ class LocalBackend:
             self.ro_binds += (str(Path(sys.prefix).resolve()), str(Path(sys.base_prefix).resolve()))
             self.path_prepend = (str(Path(sys.prefix).resolve() / "bin"),)
         self.start_timeout_s = start_timeout_s
+        self.separate_resources = separate_resources  # False: the old shared budget (benchmarks compare the two)
         self._limits_mode = limits_mode
         self._limiter: limits.Limiter | None = None
         self._limiter_lock = threading.Lock()  # detection runs in worker threads (blocking cgroupfs I/O)
@@ -162,7 +163,7 @@ class LocalBackend:
     @property
     def resources_separated(self) -> bool:
         """Commands get a cgroup of their own with the limits, the agent and bubblewrap stay outside it."""
-        return self.uid_separated and self.limiter.can_separate
+        return self.separate_resources and self.uid_separated and self.limiter.can_separate
 
     # ------------------------------------------------------------ create
 
