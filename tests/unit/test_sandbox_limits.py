@@ -112,3 +112,35 @@ def test_bad_cgroups_option_exits_with_the_usage(spec: str) -> None:
 def test_missing_children_exit_naming_the_directory(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no agent/ and commands/"):
         CommandCgroup(f"v1:{tmp_path}")
+
+
+class _Exited:
+    def __init__(self, returncode: int) -> None:
+        self.returncode = returncode
+
+    async def wait(self) -> int:
+        return self.returncode
+
+
+@pytest.mark.parametrize("separated, code, oom_in, cause", [
+    (False, -9, "sandbox", "oom"),  # bubblewrap OOM-killed inside the cgroup it shares with the commands
+    (False, -9, None, "killed:9"),  # bubblewrap killed from the host
+    (False, 128 + 9, "sandbox", "oom"),  # the agent OOM-killed in the shared cgroup
+    (True, -9, "commands", "killed:9"),  # separated: the commands' OOM kills cannot have been bubblewrap
+    (True, 128 + 9, "agent", "killed:oom"),  # the OOM killer took the agent in its own cgroup: not the commands'
+    (True, 128 + 9, "commands", "signal:9"),  # the commands' OOM kills say nothing about the agent's SIGKILL
+])
+async def test_death_cause_tells_whose_memory_ran_out(tmp_path: Path, monkeypatch, separated: bool, code: int,
+                                                      oom_in: str | None, cause: str) -> None:
+    from agentrl.sandbox.base import AgentEndpoint, SandboxHandle
+    from agentrl.sandbox.local import LocalBackend, _Live
+
+    backend = LocalBackend(state_dir=tmp_path, unsafe_no_isolation=True)
+    (tmp_path / "sb").mkdir()
+    top = "/cg/memory/agentrl/sb"
+    plan = limits.LimitPlan("cgroup1", (top,), separated=separated)
+    backend._live["sb"] = _Live(_Exited(code), tmp_path / "sb", plan)  # type: ignore[arg-type]
+    where = {"sandbox": top, "agent": f"{top}/agent", "commands": f"{top}/commands", None: ""}[oom_in]
+    monkeypatch.setattr(limits, "oom_kills", lambda cgroups: int(where in cgroups))
+    handle = SandboxHandle(id="sb", backend="local", endpoint=AgentEndpoint(kind="unix", address="x"))
+    assert await backend.death_cause(handle) == cause
