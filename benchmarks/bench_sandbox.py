@@ -2,6 +2,8 @@
 bare host process spawn. Prints a markdown table (see BENCHMARKS.md for recorded numbers).
 
     python benchmarks/bench_sandbox.py [--backend local] [--leases 30] [--execs 200] [--cpus 0.05]
+    python benchmarks/bench_sandbox.py --separation 600   # local: exec round trip, commands in their own cgroup
+                                                          # vs one shared budget, interleaved (same machine load)
 
 --leases 0 skips the lease measurements; --cpus sets the sandbox's CPU quota (cgroup cpu.max / cfs_quota_us over a
 100 ms period): at 0.05 every exec whose agent + command CPU passes 5 ms in a period waits for the next period.
@@ -77,13 +79,45 @@ async def bench_exec(backend: str, spec: SandboxSpec, n: int, state_dir: str) ->
     return out
 
 
+async def bench_separation(n: int, state_dir: str) -> dict[str, list[float]]:
+    """exec ['true'] alternately in a resource-separated local sandbox and in one sharing its budget with the agent."""
+    from agentrl.sandbox.local import LocalBackend
+
+    out: dict[str, list[float]] = {"separated": [], "shared": []}
+    spec = SandboxSpec()
+    async with SandboxPool(LocalBackend(state_dir=state_dir), spec, max_sandboxes=1) as sep_pool, \
+            SandboxPool(LocalBackend(state_dir=state_dir, separate_resources=False), spec, max_sandboxes=1) as sh_pool:
+        async with sep_pool.lease() as separated, sh_pool.lease() as shared:
+            if not separated.resources_separated:
+                raise SystemExit("--separation needs host root and cgroup limits (resources_separated is false here)")
+            pair = (("separated", separated), ("shared", shared))
+            for _ in range(20):
+                for _, sb in pair:
+                    await sb.exec(["true"])
+            for i in range(n):
+                for key, sb in pair if i % 2 else pair[::-1]:
+                    t0 = time.perf_counter()
+                    await sb.exec(["true"])
+                    out[key].append(time.perf_counter() - t0)
+    return out
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="local")
     ap.add_argument("--leases", type=int, default=30)
     ap.add_argument("--execs", type=int, default=200)
     ap.add_argument("--cpus", type=float, default=None, help="the sandbox's CPU quota (default: SandboxSpec's)")
+    ap.add_argument("--separation", type=int, default=0, help="only the separated-vs-shared exec comparison, N each")
     args = ap.parse_args()
+    if args.separation:
+        with tempfile.TemporaryDirectory(prefix="agrl-bench-", dir="/tmp") as state_dir:
+            sep = await bench_separation(args.separation, state_dir)
+        shared = statistics.median(sep["shared"]) * 1000
+        print("| measurement | N | p50 ms | p99 ms | ratio (p50) |\n| --- | --- | --- | --- | --- |")
+        print(_row("exec ['true'], agent and commands share one budget", sep["shared"]))
+        print(_row("exec ['true'], commands in their own cgroup", sep["separated"], shared))
+        return
     spec = SandboxSpec() if args.cpus is None else SandboxSpec(cpus=args.cpus)
     with tempfile.TemporaryDirectory(prefix="agrl-bench-", dir="/tmp") as state_dir:
         leases = await bench_leases(args.backend, spec, args.leases, state_dir) if args.leases else {}

@@ -424,9 +424,9 @@ def _check_submit(task: Any, group_id: Any, step: Any) -> None:
 
 
 def _resources_separated(sandbox: Any) -> bool:
-    """The agent's memory / pids / CPU are not the commands' (its last /health said `resources_separated`)."""
-    info = getattr(sandbox, "agent_info", None)
-    return isinstance(info, dict) and info.get("resources_separated") is True
+    """The agent's memory / pids / CPU are not the commands' (its last /health said `resources_separated`; a sandbox
+    handle that does not say is not separated: every death is then the policy's)."""
+    return getattr(sandbox, "resources_separated", False) is True
 
 
 async def _answers(sandbox: Any) -> bool:

@@ -7,7 +7,8 @@ deadlines, output caps), reading/writing files confined to the workspace (and th
 directories, `--writable DIR[:DIR...]`, e.g. /repo), killing what commands leave behind, and
 answering health checks. It does not own isolation or limits: the backend that started it applies those around it.
 
-    agent.py --unix PATH --workspace DIR [--run-as UID:GID] [--writable D1:D2] (local / docker: unix socket)
+    agent.py --unix PATH --workspace DIR [--run-as UID:GID] [--writable D1:D2] [--cgroups v1|v2:D1[:D2...]]
+                                                                               (local / docker: unix socket)
     agent.py --tcp HOST:PORT --token-file F --workspace DIR [--run-as U:G]     (kubernetes: bearer token required)
     [--exit-grace S]: how long pipes held by a command's leftovers may delay its answer after it exits (0.1 s)
     [--handshake-timeout S]: how long a new connection may take to send its first request head (10 s)
@@ -21,17 +22,27 @@ and what they create is owned by UID:GID. Without --run-as, commands run as the 
 them from it (`uid_separated: false` in /health). The agent is a child subreaper: orphans of commands are re-parented
 to it (and reaped by it), so "every process a command left behind" is well defined in both modes.
 
+Resource separation (`--cgroups v1:D1:D2...` or `--cgroups v2:D`, each D a sandbox cgroup directory with `agent` and
+`commands` children, the agent in `agent`): every command starts in `commands`, which carries the sandbox's memory,
+pids and CPU limits, so a command filling them cannot take the agent's (`resources_separated` in /health). cgroup
+v1: the spawning thread joins `commands` (its `tasks` files) for the fork and returns to `agent`, so no extra
+process is started; v2 (no per-thread membership): the command is started through `/bin/sh -c` which joins
+`commands` before it execs the command. Killing is then done through the cgroup: `cgroup.kill` (v2) or SIGKILL of
+every process in `commands`' cgroup.procs, round after round, no fork needed; and /kill_all removes the sandbox's
+SysV IPC objects (shared memory charged to the commands would otherwise outlive every process).
+
 Protocol (JSON bodies, HTTP/1.1 keep-alive with Content-Length). One acceptor thread holds every new connection
 until its first request head is complete (bounded count, size and time) and checks the bearer token; only an
 authorized connection gets a worker thread (at most MAX_WORKERS), so a connection flood from inside the sandbox
 costs no thread:
 
-    GET  /health   -> {ok, pid, version, workspace, writable, uid_separated, command_uid}
+    GET  /health   -> {ok, pid, version, workspace, writable, uid_separated, command_uid, resources_separated}
     POST /exec     {cmd: str|list, timeout, cwd, env, stdin, output_limit, kill_leftovers}
                    -> {exit_code, stdout, stderr, timed_out, truncated, duration_s}
                    kill_leftovers: after the command, kill every process of the command user (as /kill_all)
-    POST /kill_all {} -> {killed: n}   every process of the command user (uid-separated), or every descendant of
-                   the agent (single uid), until none is left; also those of concurrent execs; 409 (kind
+    POST /kill_all {} -> {killed: n}   every process in `commands` (resource-separated), else every process of the
+                   command user (uid-separated) or every descendant of the agent (single uid), until none is left;
+                   also those of concurrent execs; then the SysV IPC objects of the command user; 409 (kind
                    "survivors", "policy processes survived kill") when some survive SIGKILL for 5 s
     POST /write    {path, content_b64, mode} -> {ok, bytes}
     POST /read     {path} -> {content_b64}
@@ -176,6 +187,121 @@ def _prctl_setup() -> ctypes.CDLL:
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     return libc
+
+
+# ---------------------------------------------------------------- resource separation
+
+
+def _write_file(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+class CommandCgroup:
+    """The `commands` cgroup of a resource-separated sandbox (`--cgroups`, module docstring): starts commands in it,
+    kills everything in it. Disabled (`enabled` False) without --cgroups: commands share the agent's cgroup."""
+
+    def __init__(self, spec: str | None) -> None:
+        self.version, self.dirs = "", []
+        if not spec:
+            return
+        version, _, rest = spec.partition(":")
+        dirs = [d for d in rest.split(":") if d]
+        if version not in ("v1", "v2") or not dirs or (version == "v2" and len(dirs) != 1):
+            sys.exit(f"agent: --cgroups {spec!r}: use v1:DIR[:DIR...] or v2:DIR, each DIR holding agent/ and commands/")
+        for d in dirs:
+            if not (os.path.isdir(f"{d}/agent") and os.path.isdir(f"{d}/commands")):
+                sys.exit(f"agent: --cgroups: {d} has no agent/ and commands/ children")
+        self.version, self.dirs = version, dirs
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.dirs)
+
+    def start(self, start):  # start: () -> Popen
+        """Call `start()` (which forks) so that the child is born in `commands`. v1: this thread joins `commands`
+        in every hierarchy for the fork and returns to `agent` right after (its CPU time, memory charges and pids
+        count stay the agent's); v2 joins in the child (`wrap`)."""
+        if self.version != "v1":
+            return start()
+        try:  # "0": the writing thread itself, which the kernel moves without its global threadgroup lock
+            for d in self.dirs:
+                _write_file(f"{d}/commands/tasks", "0")
+            return start()
+        finally:
+            for d in self.dirs:
+                _write_file(f"{d}/agent/tasks", "0")
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """v2: `argv` behind a shell that moves itself into `commands` first (as uid 0, before setpriv)."""
+        if self.version != "v2":
+            return argv
+        return ["/bin/sh", "-c", 'echo 0 > "$0" || exit 125; exec "$@"', f"{self.dirs[0]}/commands/cgroup.procs",
+                *argv]
+
+    def pids(self) -> set[int]:
+        """Processes in `commands` (the first directory: the pids hierarchy under v1). Never the agent itself: under
+        v1 its pid is listed while one of its threads is in there to spawn."""
+        with open(f"{self.dirs[0]}/commands/cgroup.procs") as f:
+            return {int(p) for p in f.read().split()} - {os.getpid()}
+
+    def kill(self, deadline_s: float) -> int:
+        """SIGKILL everything in `commands` until it is empty (cgroup.kill first where the kernel has it); returns
+        how many distinct processes were killed. No fork: a full pids.max cannot stop it."""
+        seen: set[int] = set()
+        end = time.monotonic() + deadline_s
+        if self.version == "v2" and os.path.exists(f"{self.dirs[0]}/commands/cgroup.kill"):
+            _write_file(f"{self.dirs[0]}/commands/cgroup.kill", "1")
+        while True:
+            live = self.pids()
+            if not live:
+                return len(seen)
+            seen |= live
+            if time.monotonic() > end:
+                raise HTTPError(409, f"policy processes survived kill: {len(live)} process(es) in the commands "
+                                     f"cgroup survived SIGKILL for {deadline_s:g}s: {sorted(live)[:10]}", "survivors")
+            for pid in live:
+                _kill(pid)
+            time.sleep(0.001)
+
+
+IPC_RMID = 0
+_SYS_SETRESUID = {"x86_64": 117, "aarch64": 147}  # raw syscall numbers: glibc's setresuid switches every thread
+
+
+def remove_sysv_ipc(libc: ctypes.CDLL, uid: int) -> int:
+    """Remove every SysV shared memory segment, semaphore set and message queue of this IPC namespace that `uid`
+    (the command user) may remove; returns how many. A segment no process holds stays charged to the commands'
+    memory until removed. The agent (uid 0 without CAP_SYS_ADMIN) may remove only objects it owns, so this thread
+    alone (raw setresuid) takes euid `uid` for the calls and returns to 0."""
+    ids: list[tuple[str, int]] = []
+    for kind in ("shm", "sem", "msg"):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        ids += [(kind, int(row.split()[1])) for row in rows if row.split()]
+    if not ids:
+        return 0
+    nr = _SYS_SETRESUID.get(os.uname().machine)
+    switch = uid != os.geteuid()
+    if switch and (nr is None or libc.syscall(nr, -1, uid, -1) != 0):
+        return 0
+    removed = 0
+    try:
+        for kind, ident in ids:
+            if kind == "shm":
+                rc = libc.shmctl(ident, IPC_RMID, None)
+            elif kind == "sem":
+                rc = libc.semctl(ident, 0, IPC_RMID)
+            else:
+                rc = libc.msgctl(ident, IPC_RMID, None)
+            removed += rc == 0
+    finally:
+        if switch and libc.syscall(nr, -1, 0, -1) != 0:  # pragma: no cover - euid 0 is the thread's saved uid
+            os._exit(70)  # a thread stuck as the command user must not serve another request
+    return removed
 
 
 # ---------------------------------------------------------------- paths
@@ -349,9 +475,10 @@ class ExecRun:
     """One command: spawn in a new session, pump stdin/stdout/stderr, enforce the deadline and the output cap."""
 
     def __init__(self, argv: list[str], cwd: str, env: dict[str, str], stdin: bytes | None, limit: int,
-                 identity: Identity) -> None:
+                 identity: Identity, cgroup: CommandCgroup | None = None) -> None:
         self.argv, self.cwd, self.env, self.stdin, self.limit = argv, cwd, env, stdin, limit
         self.identity = identity
+        self.cgroup = cgroup or CommandCgroup(None)
         self.out = bytearray()
         self.err = bytearray()
         self.truncated = False
@@ -359,7 +486,8 @@ class ExecRun:
 
     def start(self) -> subprocess.Popen:
         proc = subprocess.Popen(
-            self.identity.wrap(self.argv), cwd=self.cwd, env=self.env, start_new_session=True, close_fds=True,
+            self.cgroup.wrap(self.identity.wrap(self.argv)), cwd=self.cwd, env=self.env, start_new_session=True,
+            close_fds=True,
             stdin=subprocess.PIPE if self.stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **self.identity.popen_kwargs(),
         )
@@ -535,12 +663,15 @@ class Agent:
     """Request handlers. Tracks the process groups it started (for timeouts and shutdown) and reaps every child
     (`Reaper`)."""
 
-    def __init__(self, workspace: str, identity: Identity | None = None, writable: tuple[str, ...] = (), *,
+    def __init__(self, workspace: str, identity: Identity | None = None, writable: tuple[str, ...] = (),
+                 cgroup: CommandCgroup | None = None, libc: ctypes.CDLL | None = None, *,
                  exit_grace_s: float = EXIT_GRACE_S) -> None:
         self.workspace = os.path.realpath(workspace)
         self.exit_grace_s = exit_grace_s
         self.writable = tuple(os.path.realpath(d) for d in writable)
         self.identity = identity or Identity(None)
+        self.cgroup = cgroup or CommandCgroup(None)
+        self._libc = libc
         self._groups: set[int] = set()
         self._lock = threading.Lock()
         self._reaper = Reaper()
@@ -558,7 +689,8 @@ class Agent:
     def health(self, req: dict) -> dict:
         return {"ok": True, "pid": os.getpid(), "version": VERSION, "workspace": self.workspace,
                 "writable": list(self.writable),
-                "uid_separated": self.identity.separated, "command_uid": self.identity.uid}
+                "uid_separated": self.identity.separated, "command_uid": self.identity.uid,
+                "resources_separated": self.cgroup.enabled}
 
     def exec(self, req: dict) -> dict:
         argv = _argv(req.get("cmd"))
@@ -576,10 +708,10 @@ class Agent:
         stdin = req.get("stdin")
         if stdin is not None and not isinstance(stdin, str):
             raise HTTPError(400, "field 'stdin' must be a string")
-        run = ExecRun(argv, cwd, env, None if stdin is None else stdin.encode(), limit, self.identity)
+        run = ExecRun(argv, cwd, env, None if stdin is None else stdin.encode(), limit, self.identity, self.cgroup)
         start = time.monotonic()
         try:
-            proc = self._reaper.spawn(run.start)
+            proc = self.cgroup.start(lambda: self._reaper.spawn(run.start))
         except OSError as e:
             code = 127 if isinstance(e, FileNotFoundError) else 126
             return _result(code, b"", f"{argv[0]}: {e.strerror or e}\n".encode(), False, False, start)
@@ -652,6 +784,18 @@ class Agent:
         return {"killed": self._kill_leftovers()}
 
     def _kill_leftovers(self) -> int:
+        """Kill every process the commands left (through their cgroup when resource-separated, else by uid or
+        descent), then remove the command user's SysV IPC objects (uid-separated: the IPC namespace is the
+        sandbox's own); returns how many distinct processes were killed."""
+        if self.cgroup.enabled:
+            killed = self.cgroup.kill(KILL_ALL_DEADLINE_S)
+        else:
+            killed = self._kill_by_owner()
+        if self.identity.separated and self._libc is not None:
+            remove_sysv_ipc(self._libc, self.identity.uid)
+        return killed
+
+    def _kill_by_owner(self) -> int:
         """SIGKILL every process of the command user (separated) or every descendant of the agent (single uid),
         round after round, until none is left alive; returns how many distinct processes were killed."""
         seen: set[int] = set()
@@ -1202,8 +1346,9 @@ def _token(opts: dict[str, str]) -> str | None:
 
 
 USAGE = ("usage: agent.py (--unix PATH | --tcp HOST:PORT [--token-file FILE]) --workspace DIR [--run-as UID:GID] "
-         "[--writable DIR[:DIR...]] [--exit-grace SECONDS] [--handshake-timeout SECONDS]")
-OPTIONS = ("--unix", "--tcp", "--token-file", "--workspace", "--run-as", "--writable", "--exit-grace",
+         "[--writable DIR[:DIR...]] [--cgroups v1:DIR[:DIR...] | v2:DIR] [--exit-grace SECONDS] "
+         "[--handshake-timeout SECONDS]")
+OPTIONS = ("--unix", "--tcp", "--token-file", "--workspace", "--run-as", "--writable", "--cgroups", "--exit-grace",
            "--handshake-timeout")
 
 
@@ -1252,8 +1397,9 @@ def main(argv: list[str] | None = None) -> int:
     writable = tuple(d for d in opts.get("--writable", "").split(":") if d)
     for d in (opts["--workspace"], *writable):
         os.makedirs(d, exist_ok=True)
-    identity.setup(_prctl_setup(), opts["--workspace"], writable)
-    agent = Agent(opts["--workspace"], identity, writable,
+    libc = _prctl_setup()
+    identity.setup(libc, opts["--workspace"], writable)
+    agent = Agent(opts["--workspace"], identity, writable, CommandCgroup(opts.get("--cgroups")), libc,
                   exit_grace_s=_seconds(opts, "--exit-grace", EXIT_GRACE_S))
     sock = _listen(opts)
     acceptor = Acceptor(sock, agent, token,

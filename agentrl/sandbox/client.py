@@ -243,6 +243,13 @@ class Sandbox:
         return self.agent_info.get("uid_separated") is True
 
     @property
+    def resources_separated(self) -> bool:
+        """The commands' memory / pids / CPU limits are theirs alone: the agent (and the backend's supervisors) run
+        outside them, so a command exhausting them cannot kill or starve the agent. False until a health check said
+        so, and on backends that cannot separate them (then the policy answers for every death of its sandbox)."""
+        return self.agent_info.get("resources_separated") is True
+
+    @property
     def command_uid(self) -> int | None:
         return self.agent_info.get("command_uid")
 

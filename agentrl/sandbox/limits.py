@@ -4,6 +4,15 @@ Owns: detecting which mechanism works on this host, creating one cgroup per sand
 limits, the launch wrapper that puts the sandbox's first process into that cgroup and sets rlimits before it
 execs bubblewrap, and killing + removing a sandbox's cgroup. Does not own: namespaces (local.py) or the agent.
 
+Separated layout (`prepare(..., separate=True)`, cgroup modes only): the sandbox's cgroup gets two children,
+
+    <sandbox>/agent      bubblewrap and the agent: no memory / CPU limit, its own pids.max (AGENT_PIDS)
+    <sandbox>/commands   every command the agent starts: the spec's memory / pids / CPU limits
+
+so the policy's commands can exhaust their memory, pids or CPU without touching the control plane's: a memory
+cgroup's OOM killer only picks inside the cgroup that hit its limit, a full pids.max only fails forks counted in it,
+and a CPU quota only throttles the threads in it. The agent moves commands into `commands` itself (agent.py).
+
 The launch wrapper is `/bin/sh -c JOIN sh <cgroup.procs files> -- prlimit --X=N ... -- <command>` rather than a
 Python `preexec_fn`, so `subprocess` keeps using vfork (a fork of a process holding a model costs milliseconds
 and blocks the event loop). All functions here do blocking file I/O: call them through `asyncio.to_thread`.
@@ -37,6 +46,8 @@ CPU_PERIOD_US = 100_000
 # Joins every cgroup.procs file given before "--" (writing 0 moves the writing process), then execs the rest.
 _JOIN = 'while [ "$1" != "--" ]; do echo 0 > "$1" || exit 125; shift; done; shift; exec "$@"'
 MODES = ("auto", "cgroup2", "cgroup1", "rlimit")
+AGENT, COMMANDS = "agent", "commands"  # the children of a separated sandbox cgroup
+AGENT_PIDS = 512  # the agent's own pids.max (threads: one per connection, the reaper): outside the commands' budget
 
 
 @dataclass(frozen=True)
@@ -44,16 +55,26 @@ class LimitPlan:
     """The limits of one sandbox: the cgroups created for it and the rlimits its first process gets."""
 
     mode: str
-    cgroups: tuple[str, ...] = ()  # directories; the first one's cgroup.procs lists every process
+    cgroups: tuple[str, ...] = ()  # the sandbox's directories, one per hierarchy (pids first); removed with children
     rlimits: tuple[tuple[str, int], ...] = ()  # (prlimit option name, value)
     prlimit: str | None = None
+    separated: bool = False  # each directory has an `agent` and a `commands` child (module docstring)
+
+    @property
+    def launch_cgroups(self) -> tuple[str, ...]:
+        """Where the sandbox's first process (bubblewrap) goes: the `agent` children when separated."""
+        return tuple(f"{cg}/{AGENT}" for cg in self.cgroups) if self.separated else self.cgroups
+
+    @property
+    def command_cgroups(self) -> tuple[str, ...]:
+        return tuple(f"{cg}/{COMMANDS}" for cg in self.cgroups) if self.separated else self.cgroups
 
     def wrap(self, argv: list[str]) -> list[str]:
         """`argv` prefixed with the cgroup-join shell and prlimit."""
         if self.rlimits and self.prlimit:
             argv = [self.prlimit, *(f"--{name}={value}" for name, value in self.rlimits), "--", *argv]
         if self.cgroups:
-            argv = ["/bin/sh", "-c", _JOIN, "sh", *(f"{cg}/cgroup.procs" for cg in self.cgroups), "--", *argv]
+            argv = ["/bin/sh", "-c", _JOIN, "sh", *(f"{cg}/cgroup.procs" for cg in self.launch_cgroups), "--", *argv]
         return argv
 
 
@@ -69,8 +90,14 @@ class Limiter:
     def enforces_pids(self) -> bool:
         return self.mode != "rlimit" or os.geteuid() != 0
 
-    def prepare(self, sandbox_id: str, spec: SandboxSpec) -> LimitPlan:
-        """Create the sandbox's cgroups (if any) with its limits; return how to launch into them."""
+    @property
+    def can_separate(self) -> bool:
+        """Whether `prepare(..., separate=True)` gives commands a cgroup of their own (cgroup modes)."""
+        return self.mode != "rlimit"
+
+    def prepare(self, sandbox_id: str, spec: SandboxSpec, *, separate: bool = False) -> LimitPlan:
+        """Create the sandbox's cgroups (if any) with its limits; return how to launch into them. `separate`: the
+        limits go on a `commands` child and the launch goes into an `agent` child (module docstring)."""
         rlimits = [("core", 0), ("fsize", spec.disk_bytes)]
         if self.mode == "rlimit":
             cpu_s = max(1, math.ceil(spec.ttl_s * spec.cpus))
@@ -84,13 +111,28 @@ class Limiter:
                 path = os.path.join(parent, sandbox_id)
                 os.mkdir(path)
                 dirs.append(path)
-                _apply(self.mode, path, spec)
+                if separate:
+                    _separate(self.mode, path, spec)
+                else:
+                    _apply(self.mode, path, spec)
         except OSError:
             remove_cgroups(dirs)
             raise
         # pids first: its cgroup.procs is the authoritative process list used by kill_cgroups
         dirs.sort(key=lambda d: 0 if "/pids" in d or self.mode == "cgroup2" else 1)
-        return LimitPlan(self.mode, tuple(dirs), tuple(rlimits), self.prlimit)
+        return LimitPlan(self.mode, tuple(dirs), tuple(rlimits), self.prlimit, separate)
+
+
+def _separate(mode: str, path: str, spec: SandboxSpec) -> None:
+    """`agent` and `commands` children of the sandbox cgroup `path`; the spec's limits on `commands` only."""
+    if mode == "cgroup2":  # controllers must be enabled in the sandbox cgroup for its children to get them
+        enabled = Path(path, "cgroup.controllers").read_text().split()
+        _write(f"{path}/cgroup.subtree_control", " ".join(f"+{c}" for c in ("memory", "pids", "cpu") if c in enabled))
+    for child in (AGENT, COMMANDS):
+        os.mkdir(f"{path}/{child}")
+    _apply(mode, f"{path}/{COMMANDS}", spec)
+    if Path(path, AGENT, "pids.max").exists():
+        _write(f"{path}/{AGENT}/pids.max", str(AGENT_PIDS))
 
 
 def _write(path: str, value: str) -> None:
@@ -211,6 +253,14 @@ def _pids(cgroup: str) -> list[int]:
         return []
 
 
+def _tree(cgroup: str) -> list[str]:
+    """`cgroup` and its descendants, deepest first (the order rmdir needs)."""
+    out: list[str] = []
+    for parent, dirs, _ in os.walk(cgroup, topdown=False):
+        out += [os.path.join(parent, d) for d in dirs]
+    return out + [cgroup]
+
+
 def oom_kills(cgroups: tuple[str, ...] | list[str]) -> int:
     """How many processes the kernel OOM-killed in these cgroups (cgroup v2 memory.events oom_kill; cgroup v1
     memory.oom_control oom_kill, kernels >= 4.13). 0 when unknown."""
@@ -240,7 +290,7 @@ def kill_cgroups(cgroups: tuple[str, ...] | list[str], *, deadline_s: float = 5.
             pass
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
-        pids = _pids(first)
+        pids = [pid for cg in _tree(first) for pid in _pids(cg)]  # cgroup v1 lists only a cgroup's own processes
         if not pids:
             return
         for pid in pids:
@@ -255,7 +305,7 @@ def kill_cgroups(cgroups: tuple[str, ...] | list[str], *, deadline_s: float = 5.
 def remove_cgroups(cgroups: tuple[str, ...] | list[str], *, deadline_s: float = 5.0) -> None:
     """Kill what is left and rmdir each cgroup, retrying while the kernel finishes tearing processes down."""
     kill_cgroups(cgroups, deadline_s=deadline_s)
-    for cg in cgroups:
+    for cg in [d for top in cgroups for d in _tree(top)]:
         end = time.monotonic() + deadline_s
         while True:
             try:

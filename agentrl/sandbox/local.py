@@ -25,6 +25,13 @@ directories unless `ro_binds` names them. Killing bwrap (our child) kills the sa
                 still create user namespaces of their own (bwrap's --disable-userns needs --unshare-user).
     other       one uid: a fresh user namespace maps the host user to uid/gid 1000, and the agent and its commands
                 share it, so a command can kill or trace the agent (`uid_separated: false`; warned once per backend)
+
+Resource separation (`resources_separated`: uid-separated and cgroup limits): the sandbox's cgroup has an `agent`
+child (bubblewrap, the agent) and a `commands` child with the spec's memory / pids / CPU limits (limits.py), bound
+at /.agentrl/cgroup/<n> (0700, root) so that the agent starts every command in `commands` and kills through it;
+the IPC namespace is private (--unshare-ipc) and /kill_all removes its SysV objects. Without it (rlimits only, or
+one uid) the agent and the commands share one budget: `resources_separated: false` in the agent's /health, and a
+death of such a sandbox is the policy's to answer for.
 """
 
 from __future__ import annotations
@@ -100,7 +107,7 @@ class LocalBackend:
     def __init__(self, *, state_dir: str | os.PathLike[str] | None = None, unsafe_no_isolation: bool = False,
                  bwrap: str = "bwrap", search_path: str | None = None, python: str | None = None,
                  ro_binds: Sequence[str] = (), share_host_python: bool = False, limits_mode: str = "auto",
-                 start_timeout_s: float = 30.0) -> None:
+                 start_timeout_s: float = 30.0, separate_resources: bool = True) -> None:
         if limits_mode not in limits.MODES:
             raise ConfigError(f"limits_mode={limits_mode!r}: choose one of {', '.join(limits.MODES)}")
         self.state_root = Path(state_dir) if state_dir is not None else default_state_root()
@@ -126,6 +133,7 @@ class LocalBackend:
             self.ro_binds += (str(Path(sys.prefix).resolve()), str(Path(sys.base_prefix).resolve()))
             self.path_prepend = (str(Path(sys.prefix).resolve() / "bin"),)
         self.start_timeout_s = start_timeout_s
+        self.separate_resources = separate_resources  # False: the old shared budget (benchmarks compare the two)
         self._limits_mode = limits_mode
         self._limiter: limits.Limiter | None = None
         self._limiter_lock = threading.Lock()  # detection runs in worker threads (blocking cgroupfs I/O)
@@ -152,6 +160,11 @@ class LocalBackend:
     def enforces_pids(self) -> bool:
         return self.limiter.enforces_pids
 
+    @property
+    def resources_separated(self) -> bool:
+        """Commands get a cgroup of their own with the limits, the agent and bubblewrap stay outside it."""
+        return self.separate_resources and self.uid_separated and self.limiter.can_separate
+
     # ------------------------------------------------------------ create
 
     async def create(self, spec: SandboxSpec, labels: dict[str, str]) -> SandboxHandle:
@@ -171,7 +184,7 @@ class LocalBackend:
         try:
             plan, log_fd = await asyncio.shield(prep)
             try:
-                proc = await self._spawn(plan.wrap(self._argv(spec, path)), path, log_fd)
+                proc = await self._spawn(plan.wrap(self._argv(spec, path, plan)), path, log_fd)
             finally:
                 os.close(log_fd)
             self._live[sid] = _Live(proc, path, plan)
@@ -220,7 +233,7 @@ class LocalBackend:
                  "created_at": time.time(), "ttl_s": spec.ttl_s, "pid": None, "pid_start": None,
                  "cgroups": [], "unsafe": self.unsafe}
         self._write_state(path, state)  # before any process exists, so a crash from here on is sweepable
-        plan = self.limiter.prepare(sid, spec)
+        plan = self.limiter.prepare(sid, spec, separate=self.resources_separated)
         self._write_state(path, {**state, "cgroups": list(plan.cgroups), "limits": plan.mode})
         return plan, os.open(path / "agent.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
@@ -234,7 +247,7 @@ class LocalBackend:
         state = json.loads((path / "state.json").read_text())
         self._write_state(path, {**state, "pid": pid, "pid_start": process_start(pid)})
 
-    def _argv(self, spec: SandboxSpec, path: Path) -> list[str]:
+    def _argv(self, spec: SandboxSpec, path: Path, plan: limits.LimitPlan | None = None) -> list[str]:
         if self.unsafe:
             return [self.python, "-I", "-S", self._agent_file, "--unix", str(path / "run" / "agent.sock"),
                     "--workspace", str(path / "workspace")]
@@ -244,10 +257,20 @@ class LocalBackend:
             agent += ["--run-as", f"{SANDBOX_UID}:{SANDBOX_UID}"]
         if spec.writable_dirs:
             agent += ["--writable", ":".join(spec.writable_dirs)]
-        return [self.bwrap, *self._namespace_args(spec), *self._mount_args(spec, path), *self._env_args(),
-                "--chdir", WORKSPACE, "--", *agent]
+        separated = plan is not None and plan.separated
+        cgroup_binds: list[str] = []
+        if separated:
+            inside = [f"{AGENT_DIR}/cgroup/{i}" for i in range(len(plan.cgroups))]
+            agent += ["--cgroups", ("v2:" if plan.mode == "cgroup2" else "v1:") + ":".join(inside)]
+            cgroup_binds = ["--perms", "0700", "--dir", f"{AGENT_DIR}/cgroup"]
+            for host_dir, target in zip(plan.cgroups, inside):
+                cgroup_binds += ["--bind", host_dir, target]
+        # cgroup v2 with nsdelegate: the agent must see `commands` from its cgroup namespace to move commands there
+        own_cgroupns = not (separated and plan.mode == "cgroup2")
+        return [self.bwrap, *self._namespace_args(spec, own_cgroupns), *self._mount_args(spec, path, cgroup_binds),
+                *self._env_args(), "--chdir", WORKSPACE, "--", *agent]
 
-    def _namespace_args(self, spec: SandboxSpec) -> list[str]:
+    def _namespace_args(self, spec: SandboxSpec, own_cgroupns: bool = True) -> list[str]:
         if self.uid_separated:  # no user namespace: the agent is root with a handful of capabilities
             args = ["--cap-drop", "ALL"]
             for cap in AGENT_CAPS:
@@ -255,12 +278,12 @@ class LocalBackend:
         else:
             args = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--disable-userns"]
         args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox",
-                 "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+                 *(["--unshare-cgroup-try"] if own_cgroupns else []), "--die-with-parent", "--new-session"]
         if not spec.network:
             args.append("--unshare-net")
         return args
 
-    def _mount_args(self, spec: SandboxSpec, path: Path) -> list[str]:
+    def _mount_args(self, spec: SandboxSpec, path: Path, extra_binds: Sequence[str] = ()) -> list[str]:
         args: list[str] = []
         for d in SYSTEM_DIRS:
             if os.path.islink(d):
@@ -282,7 +305,7 @@ class LocalBackend:
         for extra in extras:  # after the tmpfs mounts: a venv under /tmp stays visible
             args += ["--ro-bind", extra, extra]
         args += ["--ro-bind", self._agent_file, f"{AGENT_DIR}/agent.py",
-                 "--bind", str(path / "run"), f"{AGENT_DIR}/run",
+                 "--bind", str(path / "run"), f"{AGENT_DIR}/run", *extra_binds,
                  "--remount-ro", "/"]  # the root tmpfs bwrap builds would otherwise be writable (and unlimited)
         return args
 
@@ -405,9 +428,11 @@ class LocalBackend:
 
     async def death_cause(self, handle: SandboxHandle) -> str | None:
         """Why the sandbox is gone, as far as this host can prove: "deleted" (its state dir was removed from outside,
-        e.g. by a sweep), "killed:<n>" (bubblewrap itself was signalled from the host), "oom" (its agent died of
-        SIGKILL and the kernel OOM-killed in its cgroup), "signal:<n>" / "exited:<code>" (how the agent ended, which
-        bubblewrap mirrors); None while it runs or when unknown."""
+        e.g. by a sweep), "killed:<n>" (bubblewrap itself was signalled from the host), "oom" (bubblewrap or its
+        agent died of SIGKILL and the kernel OOM-killed in the cgroup they share with the commands), "killed:oom"
+        (resource-separated: the OOM killer took the agent in its own cgroup, which the commands cannot fill),
+        "signal:<n>" / "exited:<code>" (how the agent ended, which bubblewrap mirrors); None while it runs or when
+        unknown."""
         if not await asyncio.to_thread((self.state_root / handle.id).is_dir):
             return "deleted"
         live = self._live.get(handle.id)
@@ -420,12 +445,23 @@ class LocalBackend:
             except TimeoutError:
                 return None
         code = live.proc.returncode
+        plan = live.plan
         if code < 0:  # bubblewrap itself was signalled: it is a host process outside the sandbox's pid namespace, no
-            return f"killed:{-code}"  # command can see or signal it, so this came from outside (host, admin, OOM)
+            # command can see or signal it, so this came from outside (host, admin, OOM) -- unless it shares the
+            # commands' memory cgroup and that cgroup's OOM killer took it: then the commands' memory did it
+            if code == -signal.SIGKILL and not plan.separated and await self._oom_killed(plan.cgroups):
+                return "oom"
+            return f"killed:{-code}"
         signum = code - 128 if code > 128 else None  # bwrap reports its child's death by signal n as 128 + n
-        if signum == signal.SIGKILL and await asyncio.to_thread(limits.oom_kills, live.plan.cgroups) > 0:
+        if signum == signal.SIGKILL and plan.separated and await self._oom_killed(plan.launch_cgroups):
+            return "killed:oom"  # the OOM killer took the agent in its own cgroup: host memory, not the commands'
+        if signum == signal.SIGKILL and not plan.separated and await self._oom_killed(plan.cgroups):
             return "oom"
         return f"signal:{signum}" if signum is not None else f"exited:{code}"
+
+    @staticmethod
+    async def _oom_killed(cgroups: Sequence[str]) -> bool:
+        return await asyncio.to_thread(limits.oom_kills, cgroups) > 0
 
     @staticmethod
     def _read_state(path: Path) -> dict | None:

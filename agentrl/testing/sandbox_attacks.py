@@ -177,3 +177,129 @@ async def attack_unresolvable_paths(sb: Sandbox) -> None:
 ALL = (attack_kill_everything, attack_signal_the_agent, attack_read_the_agent, attack_ptrace_the_agent,
        attack_socket_dir, attack_daemon_outlives_the_call, attack_daemon_with_kill_leftovers,
        attack_unresolvable_paths)
+
+
+# ---------------------------------------------------------------- the control plane's own resources
+# These need a resource-separated sandbox (`sb.resources_separated`: the commands' memory / pids / CPU limits are
+# not the agent's). Each one exhausts one budget from a daemon that outlives its call, then checks that the agent
+# still answers (on a fresh connection too: that needs a new thread), that kill_all() ends it, and that the next
+# command has the whole budget back.
+
+SHM = r"""
+import ctypes, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+IPC_PRIVATE, IPC_CREAT = 0, 0o1000
+chunk, total = int(sys.argv[1]), int(sys.argv[2])
+if sys.argv[3:] == ["lower"]:  # after the agent raised it (it does so once the command started)
+    time.sleep(0.3)
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("0")
+for _ in range(total // chunk):  # attach, fill, detach: the memory stays charged, no process holds it
+    shmid = libc.shmget(IPC_PRIVATE, chunk, IPC_CREAT | 0o600)
+    if shmid < 0:
+        break
+    addr = libc.shmat(shmid, None, 0)
+    ctypes.memset(addr, 1, chunk)
+    libc.shmdt(ctypes.c_void_p(addr))
+    print("segment", shmid, flush=True)
+"""
+PIDS_HOG = (r"""setsid python3 -c "
+import os, time
+n = 0
+while True:  # takes every pid that frees up, for ever
+    try:
+        if os.fork() == 0:
+            time.sleep(1000)
+            os._exit(0)
+        n += 1
+    except OSError:
+        if not os.path.exists('/workspace/hog.txt'):
+            open('/workspace/hog.txt', 'w').write(str(n))
+        time.sleep(0.005)" > /dev/null 2>&1 < /dev/null & """)
+SPIN = "setsid python3 -c 'while True: pass' > /dev/null 2>&1 < /dev/null & "
+
+
+async def _fresh_health(sb: Sandbox) -> bool:
+    """/health over a new connection (the agent starts a thread for it)."""
+    fresh = Sandbox(sb.handle, sb.spec)
+    try:
+        return await fresh.health()
+    finally:
+        await fresh.close()
+
+
+async def _recovers(sb: Sandbox) -> None:
+    """kill_all() ends what the attack left, the SysV objects included, and the next command runs."""
+    await sb.kill_all()
+    r = await sb.exec("cat /proc/sysvipc/shm /proc/sysvipc/sem /proc/sysvipc/msg | grep -cv '^ *key' || true")
+    assert r.stdout.strip() == "0", f"SysV IPC objects survived kill_all(): {r}"
+    await still_serves(sb)
+
+
+async def attack_sysv_shm_outlives_every_process(sb: Sandbox) -> None:
+    """SysV shared memory holding most of the memory limit after its creator exited: kill_all() removes it, so the
+    next command (the grader) gets the memory back."""
+    mem = sb.spec.memory_bytes
+    await sb.write_file("shm.py", SHM)
+    r = await sb.exec(["python3", "shm.py", str(8 << 20), str(mem * 3 // 4)], timeout=60)
+    assert r.stdout.count("segment") >= 3, r
+    r = await sb.exec("grep -cv '^ *key' /proc/sysvipc/shm")
+    assert int(r.stdout) >= 3, f"the segments should outlive their creator: {r}"
+    await _recovers(sb)
+    r = await sb.exec(["python3", "-c", f"b = bytearray({mem * 3 // 4}); print('allocated')"], timeout=60)
+    assert r.stdout == "allocated\n", f"the memory of the removed segments is still charged: {r}"
+
+
+async def attack_memory_fill_after_lowering_oom_adj(sb: Sandbox) -> None:
+    """A daemon lowers its oom_score_adj back to the agent's and fills the memory limit with shared memory no process
+    holds: the OOM killer may only pick among the commands, never the agent or bubblewrap."""
+    mem = sb.spec.memory_bytes
+    await sb.write_file("shm.py", SHM)
+    r = await sb.exec(["python3", "shm.py", str(1 << 20), str(mem * 2), "lower"], timeout=60)
+    assert r.exit_code != 0 or r.stdout.count("segment") < (mem * 2) // (1 << 20), f"the limit did not hold: {r}"
+    assert await sb.health(), "the agent died: the commands' OOM killer took it"
+    assert await _fresh_health(sb), "the agent cannot serve a new connection"
+    await _recovers(sb)
+
+
+async def attack_pids_filled_by_a_daemon(sb: Sandbox) -> None:
+    """A daemon holds every pid of the limit: the agent still starts the thread for a new connection, kill_all()
+    needs no fork of its own, and afterwards commands can fork again."""
+    await sb.exec(PIDS_HOG + " sleep 0.1")
+    forks = ""
+    for _ in range(100):  # read through the file API: a command may not be able to fork now
+        try:
+            forks = await sb.read_file("hog.txt")
+            break
+        except FileNotFoundError:
+            await asyncio.sleep(0.1)
+    assert int(forks or 0) >= sb.spec.pids - 16, f"the daemon did not fill the pids limit: {forks!r}"
+    await asyncio.sleep(0.3)  # the daemon also takes the pids the last commands freed
+    assert await sb.health() and await _fresh_health(sb), "the agent cannot start a thread for a new connection"
+    assert await sb.kill_all() >= 10
+    await still_serves(sb)
+    r = await sb.exec("for i in 1 2 3 4 5 6 7 8; do sleep 0.2 & done; wait; echo forked")
+    assert r.stdout == "forked\n", r
+
+
+async def attack_busy_loops_in_the_cpu_quota(sb: Sandbox, *, loops: int = 6, limit_s: float = 5.0) -> None:
+    """Busy loops use the whole CPU quota of the commands: file reads and health checks of the control plane keep
+    their own CPU time (with a shared quota the agent gets a slice of what is left, and a read times out)."""
+    payload = bytes(range(256)) * (16 * 4096)  # 16 MiB: ~0.1 s of the agent's CPU to read and encode
+    await sb.write_file("big.bin", payload)
+    await sb.exec(SPIN * loops + " sleep 0.5")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    async with asyncio.timeout(60):
+        data = await sb.read_bytes("big.bin")
+        assert await sb.health()
+    took = loop.time() - t0
+    assert data == payload
+    assert took < limit_s, f"the agent was throttled with the commands: a read took {took:.1f}s"
+    assert await sb.kill_all() >= loops
+    await still_serves(sb)
+
+
+RESOURCE_ATTACKS = (attack_sysv_shm_outlives_every_process, attack_memory_fill_after_lowering_oom_adj,
+                    attack_pids_filled_by_a_daemon)  # attack_busy_loops_in_the_cpu_quota needs a small cpus spec

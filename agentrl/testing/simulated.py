@@ -141,6 +141,7 @@ class SimulatedSandbox:
     files: dict[str, str] = field(default_factory=dict)
     dead: bool = False
     uid_separated: bool = True
+    resources_separated: bool = True
 
     async def exec(self, cmd: str, timeout: float | None = None) -> Any:
         from agentrl.sandbox.base import ExecResult

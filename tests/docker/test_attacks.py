@@ -33,3 +33,12 @@ async def test_container_removed_from_outside_is_deleted(make_sandbox, backend) 
             await running
         assert info.value.in_flight is True
         assert await backend.death_cause(sb.handle) == "deleted"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="docker sandboxes are uid-separated only when the host side is root")
+async def test_sysv_shared_memory_is_removed_by_kill_all(make_sandbox) -> None:
+    """The container's IPC namespace is its own and kill_all() removes the command user's SysV objects. The
+    container's limits still cover the agent, and the sandbox says so (`resources_separated` false)."""
+    async with make_sandbox(memory="256m") as sb:
+        assert sb.resources_separated is False
+        await sandbox_attacks.attack_sysv_shm_outlives_every_process(sb)

@@ -87,6 +87,34 @@ async def test_a_policy_cannot_make_its_episode_unscored(env: Any, task: Any, sm
         assert traj.error and traj.error_kind, "the reason is recorded on the trajectory"
 
 
+# the control plane's own resources: a daemon holding every pid of the sandbox's limit (the memory attacks are in
+# test_sandbox_attacks.py: there the old layout lost its agent, here the OOM killer happened to pick the filler)
+RESOURCE_ATTACKS = {
+    "daemon_fills_the_pids_limit": "import subprocess, time\nsubprocess.Popen(['setsid', 'python3', '-c', "
+                                   "'import os, time\\nwhile True:\\n try:\\n  os.fork() or time.sleep(1000)\\n "
+                                   "except OSError:\\n  time.sleep(0.005)'])\ntime.sleep(1)",
+}
+
+
+@pytest.mark.parametrize("attack", sorted(RESOURCE_ATTACKS))
+async def test_a_policy_exhausting_its_sandbox_is_still_graded_on_its_answer(env: Any, task: Any,
+                                                                             smollm2_tokenizer: Any,
+                                                                             attack: str) -> None:
+    """The policy writes the right answer, then exhausts its sandbox's pids from a daemon: the agent is outside that
+    limit, so kill_all() ends the daemon without a fork of its own (the old one failed with EAGAIN: finalize_failed)
+    and the grader has the sandbox's whole budget: the answer scores 1, the episode is neither infra nor policy
+    error."""
+    replies = [_code(task.data["reference"]), _code(RESOURCE_ATTACKS[attack])]
+    engine = ScriptedEngine(smollm2_tokenizer, replies)
+    async with _pool() as pool:
+        traj = await _scheduler(env, engine, smollm2_tokenizer, pool, infra_retries=2,
+                                finalize_timeout_s=60).run_one(task, group_id="g", sample_index=0)
+    assert traj.status not in (Status.infra_error, Status.policy_error), f"{attack}: {traj.error_kind} {traj.error}"
+    assert traj.attempt == 0
+    assert traj.tests is not None and traj.tests.passed == traj.tests.total >= 1, traj.tests
+    assert traj.reward == 1.0
+
+
 async def test_sandbox_killed_from_the_host_between_commands_is_infra_and_retried(
         env: Any, task: Any, smollm2_tokenizer: Any) -> None:
     """A fault of the system (the sandbox's process tree killed from outside while the model is generating) is

@@ -44,6 +44,40 @@ async def test_attack_fails_and_the_sandbox_serves_on(pool: SandboxPool, attack)
         await attack(sb)
 
 
+@pytest.mark.parametrize("attack", sandbox_attacks.RESOURCE_ATTACKS, ids=lambda f: f.__name__)
+async def test_commands_cannot_exhaust_the_agents_resources(pool: SandboxPool, attack) -> None:
+    """Memory (shared memory no process holds, after lowering oom_score_adj), pids filled by a daemon: the agent
+    and bubblewrap are outside the commands' limits, kill_all() needs no fork and removes the SysV objects."""
+    async with pool.lease() as sb:
+        assert sb.resources_separated
+        await attack(sb)
+
+
+async def test_busy_loops_do_not_throttle_the_agent(state_dir: Path) -> None:
+    spec = SandboxSpec(memory="256m", pids=128, disk="128m", cpus=0.05, default_timeout_s=20)
+    async with SandboxPool(LocalBackend(state_dir=state_dir), spec, max_sandboxes=1) as pool:
+        async with pool.lease() as sb:
+            assert sb.resources_separated
+            await sandbox_attacks.attack_busy_loops_in_the_cpu_quota(sb)
+
+
+async def test_commands_run_in_their_own_cgroup_and_the_agent_outside(pool: SandboxPool, state_dir: Path) -> None:
+    """The layout behind the attacks above: the agent (host pid) in `agent`, every command in `commands`, which holds
+    the spec's limits."""
+    async with pool.lease() as sb:
+        state = json.loads((state_dir / sb.id / "state.json").read_text())
+        agent = _agent_host_pid(state_dir, sb.id)
+        r = await sb.exec("sleep 30 > /dev/null 2>&1 & echo $!")
+        assert r.exit_code == 0
+        for cg in state["cgroups"]:
+            assert str(agent) in Path(cg, "agent", "cgroup.procs").read_text().split()
+            commands = Path(cg, "commands", "cgroup.procs").read_text().split()
+            assert commands and str(agent) not in commands
+        pids_dir = next(cg for cg in state["cgroups"] if "/pids" in cg or "memory.max" in os.listdir(cg))
+        assert Path(pids_dir, "commands", "pids.max").read_text().strip() == str(SPEC.pids)
+        assert await sb.kill_all() == 1
+
+
 async def test_commands_hold_no_capability_and_no_new_privs(pool: SandboxPool) -> None:
     async with pool.lease() as sb:
         r = await sb.exec("id -u; id -G; grep -E '^(CapEff|CapPrm|CapAmb|NoNewPrivs):' /proc/self/status")
