@@ -10,7 +10,8 @@ never stop at a bad line: they report it (`LineError` naming the line) and go on
 
 Totality: whatever the policy put in a trajectory is stored and read back, and storing never raises for its content.
 A record pydantic's JSON writer refuses (a lone surrogate such as "\\ud800" in a tool output or test message, data
-nested deeper than its 255-level limit) is written by `json` instead, from the same field values: ASCII output with
+nested deeper than its 255-level limit) or would alter (it writes a surrogate in a dict key as U+FFFD, so any line
+holding U+FFFD is suspect) is written by `json` instead, from the same field values: ASCII output with
 every such code point escaped (`\\ud800`, `\\u0000`), which `json.loads` reads back to the same string. Token ids and
 logprobs are copied unchanged. The only values not stored as they are cannot be read back by any JSON reader here
 and never come out of the parsers: nesting deeper than `MAX_DATA_DEPTH` below the record, integers with more than
@@ -28,12 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import to_json
 
 from agentrl.errors import StoreError
 from agentrl.types import MAX_DATA_DEPTH, SCHEMA_VERSION, Trajectory
 
 RECORD_LEVELS = 16  # the record's own nesting above policy data (trajectory > turns > turn > tool_calls > call > ...)
 MAX_LINE_DEPTH = MAX_DATA_DEPTH + RECORD_LEVELS
+_REPLACEMENT = "\ufffd".encode()
+_FLAT = ("prompt_ids", "completion_ids", "logprobs", "env_mask")  # lists of numbers: pydantic writes them exactly
 _INT_BITS = 2_000  # ints below this many bits have at most 603 decimal digits: under any int<->str limit
 
 
@@ -77,16 +81,34 @@ def _parse_line(path: str, lineno: int, raw: bytes) -> Trajectory | LineError:
 def encode_trajectory(traj: Trajectory) -> bytes:
     """`traj` as one JSON line (no newline), for any content (see the module docstring); never raises for it."""
     try:
-        return traj.model_dump_json().encode()
+        line = traj.model_dump_json().encode()
     except (ValueError, RecursionError):  # PydanticSerializationError is a ValueError: surrogates, depth > 255
-        data = _jsonable(traj.model_dump(mode="python"))
-        return json.dumps(data, ensure_ascii=True, allow_nan=True, separators=(",", ":")).encode()
+        line = _REPLACEMENT
+    if _REPLACEMENT not in line:
+        return line
+    # pydantic writes a surrogate in a dict key as U+FFFD instead of refusing it: the json path keeps it (and
+    # writes a real U+FFFD as the escape \ufffd, read back the same)
+    return _json_line(traj)
 
 
-def _jsonable(root: Any) -> Any:
-    """A copy of `root` that `json.dumps` writes without error: built iteratively (no recursion on policy data)."""
+def _json_line(traj: Trajectory) -> bytes:
+    """The record written by `json` (ASCII, every code point kept); the flat token/logprob arrays, which hold no
+    text, are still written by pydantic (the bulk of a record, and json's float formatting is 10x slower)."""
+    data = traj.model_dump(mode="python", exclude=set(_FLAT))
+    parts = [b'"%s":%s' % (name.encode(), to_json(getattr(traj, name)) if name in _FLAT else _dumps(data[name]))
+             for name in type(traj).model_fields]
+    return b"{" + b",".join(parts) + b"}"
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(_jsonable(value, 1), ensure_ascii=True, allow_nan=True, separators=(",", ":")).encode()
+
+
+def _jsonable(root: Any, depth: int) -> Any:
+    """A copy of `root` (at `depth` below the record) that `json.dumps` writes without error: built iteratively (no
+    recursion on policy data)."""
     out: list[Any] = [None]
-    stack: list[tuple[Any, Any, Any, int]] = [(root, out, 0, 0)]
+    stack: list[tuple[Any, Any, Any, int]] = [(root, out, 0, depth)]
     while stack:
         value, parent, key, depth = stack.pop()
         if isinstance(value, Enum):
@@ -107,7 +129,7 @@ def _jsonable(root: Any) -> Any:
 
 
 def _plain_list(value: Any) -> list[Any] | None:
-    """A C-speed copy of a flat list of small ints / floats / strings (token ids, logprobs, env_mask), else None."""
+    """A C-speed copy of a flat list of printable ints / floats / strings, else None."""
     if type(value) is not list or not value:
         return None
     kinds = set(map(type, value))

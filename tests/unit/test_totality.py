@@ -204,6 +204,17 @@ def test_a_hostile_trajectory_is_stored_and_read_back_unchanged(tmp_path: Path) 
     assert lines[1].isascii() and b"\\ud800" in lines[1]
 
 
+def test_a_surrogate_only_in_a_key_and_a_real_replacement_character_round_trip(tmp_path: Path) -> None:
+    """pydantic writes a surrogate in a dict key as U+FFFD without raising: the old store lost it silently."""
+    call = ToolCall(id="c", name="probe", arguments={"\udc00": None, "r": "\ufffd"})
+    traj = _traj(0, turns=[Turn(index=0, start=0, model_len=1, tool_calls=[call], text="bad byte: \ufffd")])
+    plain = _traj(1, turns=[Turn(index=0, start=0, model_len=1, text="bad byte: \ufffd")])
+    path = tmp_path / "t.jsonl"
+    with TrajectoryStore(path) as store:
+        store.append_group([traj, plain])
+    assert read_trajectories(path) == [traj, plain]
+
+
 def test_resume_keeps_a_hostile_group(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     group = [_traj(0), _hostile(), _traj(2)]
