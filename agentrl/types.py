@@ -23,6 +23,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SCHEMA_VERSION = 3  # 2: reward_components, error_kind; 3: integrity signals, tool-call test reports
+# The deepest nesting of policy-produced data (a tool call's JSON) a record holds: the parsers refuse deeper calls
+# as a format error, and the store writes anything deeper than this (plus the record's own levels) as a marker.
+MAX_DATA_DEPTH = 512
 
 
 class _Record(BaseModel):

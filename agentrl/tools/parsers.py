@@ -4,12 +4,19 @@ Owns the two action formats an env can choose (`Env.action_format`), the instruc
 and a small JSON-schema argument validator. It does not execute anything and never raises on model text: every
 problem becomes an error string written to be shown back to the model as an observation.
 
+Model text is hostile, so both parsers are total and linear: every scan moves forward over the text (one pass to
+find the tags, one `find` per fence), no regular expression here can backtrack (the only ones left match literal
+alternatives), and JSON is read by the C decoder with limits a stored record can hold: at most `MAX_DATA_DEPTH`
+levels of nesting, integer literals of at most `MAX_INT_DIGITS` digits, finite numbers only (no NaN/Infinity, no
+float that overflows). A call over a limit is a format error shown to the model, like any other malformed call.
+
 Formats
 -------
 "hermes"     `<tool_call>{"name": "...", "arguments": {...}}</tool_call>`, any number per reply. `arguments` may also
              be a JSON string holding the object (some models emit that); `parameters` is accepted as an alias.
              A body wrapped in a ```json fence inside the tags is unwrapped. Problems reported: unclosed tag, stray
-             `</tool_call>`, invalid JSON, missing name, unknown tool, arguments that do not match the ToolSpec.
+             `</tool_call>`, invalid JSON, JSON over the limits above, missing name, unknown tool, arguments that do
+             not match the ToolSpec.
 "codeblock"  every fenced block whose info string is `python`, `py` or `python3` becomes
              `ToolCall(name="run_python", arguments={"code": ...})`. A bare ``` block (no info string) is taken only
              if its content parses as Python (`ast.parse`), so pasted output or prose in a bare fence is ignored.
@@ -28,13 +35,14 @@ from __future__ import annotations
 import ast
 import bisect
 import json
+import math
 import re
 import textwrap
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agentrl.types import ToolCall, ToolSpec
+from agentrl.types import MAX_DATA_DEPTH, ToolCall, ToolSpec
 
 Format = Literal["hermes", "codeblock"]
 FORMATS: tuple[str, ...] = ("hermes", "codeblock")
@@ -45,6 +53,7 @@ HERMES_SHAPE = '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'
 CODE_TOOL = "run_python"
 PYTHON_INFO = frozenset({"python", "py", "python3"})
 _MAX_SNIPPET = 80
+MAX_INT_DIGITS = 4300  # Python's own default limit for int <-> str (sys.get_int_max_str_digits)
 
 
 @dataclass(frozen=True)
@@ -71,30 +80,30 @@ _STRAY = -2  # span marker: a </tool_call> with no opener
 _UNCLOSED = -1  # span marker: a <tool_call> with no closer
 
 
+_TAG = re.compile(re.escape(OPEN_TAG) + "|" + re.escape(CLOSE_TAG))  # two literals: one linear pass
+
+
 def _hermes_spans(text: str) -> list[tuple[int, int, int]]:
-    """Tags in text order: (tag_start, body_start, body_end), body_end = _UNCLOSED / _STRAY for broken ones."""
+    """Tags in text order: (tag_start, body_start, body_end), body_end = _UNCLOSED / _STRAY for broken ones.
+
+    One pass over the tags: a closer with no open tag is stray; an opener followed by another opener is unclosed
+    (the second one starts a new call); an opener with nothing after it is unclosed."""
     spans: list[tuple[int, int, int]] = []
-    pos = 0
-    while True:
-        start = text.find(OPEN_TAG, pos)
-        stray = text.find(CLOSE_TAG, pos)
-        if stray != -1 and (start == -1 or stray < start):
-            spans.append((stray, stray, _STRAY))
-            pos = stray + len(CLOSE_TAG)
+    open_at = -1  # the open tag waiting for its closer
+    for m in _TAG.finditer(text):
+        if m.group() == CLOSE_TAG:
+            if open_at < 0:
+                spans.append((m.start(), m.start(), _STRAY))
+            else:
+                spans.append((open_at, open_at + len(OPEN_TAG), m.start()))
+                open_at = -1
             continue
-        if start == -1:
-            return spans
-        body = start + len(OPEN_TAG)
-        end = text.find(CLOSE_TAG, body)
-        reopen = text.find(OPEN_TAG, body)
-        if end == -1 or (reopen != -1 and reopen < end):
-            spans.append((start, body, _UNCLOSED))
-            if reopen == -1:
-                return spans
-            pos = reopen
-            continue
-        spans.append((start, body, end))
-        pos = end + len(CLOSE_TAG)
+        if open_at >= 0:
+            spans.append((open_at, open_at + len(OPEN_TAG), _UNCLOSED))
+        open_at = m.start()
+    if open_at >= 0:
+        spans.append((open_at, open_at + len(OPEN_TAG), _UNCLOSED))
+    return spans
 
 
 def _parse_hermes(text: str, tools: list[ToolSpec], turn: int) -> ParseOutcome:
@@ -120,22 +129,73 @@ def _parse_hermes(text: str, tools: list[ToolSpec], turn: int) -> ParseOutcome:
 
 
 def _unfence_json(body: str) -> str:
+    """The body without a ```json fence around it (plain string slicing: linear in the body)."""
     s = body.strip()
-    m = re.fullmatch(r"```(?:json)?\s*\n?(.*?)\n?\s*```", s, flags=re.DOTALL)
-    return m.group(1).strip() if m else s
+    if len(s) < 6 or not (s.startswith("```") and s.endswith("```")):
+        return s
+    inner = s[3:-3]
+    return (inner[4:] if inner.startswith("json") else inner).strip()
+
+
+class _Refused(ValueError):
+    """JSON that is well-formed but over the limits of a stored tool call (see the module docstring)."""
+
+
+def _int_literal(literal: str) -> int:
+    digits = len(literal) - literal.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        raise _Refused(f"an integer literal has {digits} digits; at most {MAX_INT_DIGITS} are allowed")
+    return int(literal)
+
+
+def _float_literal(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Refused(f"the number {text[:_MAX_SNIPPET]!r} is too large for a float")
+    return value
+
+
+def _constant(name: str) -> Any:
+    raise _Refused(f"{name} is not JSON; write a finite number or null")
+
+
+def _too_deep(value: Any, limit: int = MAX_DATA_DEPTH) -> bool:
+    """Whether `value` nests more than `limit` arrays/objects (iterative: no recursion on policy data)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _loads(src: str) -> tuple[Any, str | None]:
+    """`json.loads` for model text: (value, None) or (None, why), never an exception."""
+    try:
+        value = json.loads(src, parse_int=_int_literal, parse_float=_float_literal, parse_constant=_constant)
+    except json.JSONDecodeError as exc:
+        return None, f"invalid JSON at char {exc.pos}: {exc.msg} (near {_snippet(src, exc.pos)!r})"
+    except _Refused as exc:
+        return None, f"invalid JSON: {exc}"
+    except RecursionError:
+        return None, f"invalid JSON: nested too deeply (at most {MAX_DATA_DEPTH} levels)"
+    except ValueError as exc:  # any other number the decoder cannot convert
+        return None, f"invalid JSON: {str(exc)[:_MAX_SNIPPET]}"
+    if _too_deep(value):
+        return None, f"invalid JSON: nested too deeply (at most {MAX_DATA_DEPTH} levels)"
+    return value, None
 
 
 def _hermes_call(
     body: str, by_name: dict[str, ToolSpec], *, call_id: str, raw: str
 ) -> tuple[ToolCall | None, str | None]:
-    src = _unfence_json(body)
-    try:
-        obj = json.loads(src)
-    except json.JSONDecodeError as exc:
-        near = _snippet(src, exc.pos)
-        return None, f"invalid JSON at char {exc.pos}: {exc.msg} (near {near!r}); expected {HERMES_SHAPE}"
-    except RecursionError:
-        return None, f"invalid JSON: nested too deeply; expected {HERMES_SHAPE}"
+    obj, err = _loads(_unfence_json(body))
+    if err is not None:
+        return None, f"{err}; expected {HERMES_SHAPE}"
     if not isinstance(obj, dict):
         return None, f"expected a JSON object, got {_json_type(obj)}; expected {HERMES_SHAPE}"
     name = obj.get("name")
@@ -159,10 +219,9 @@ def _arguments(obj: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     if args is None:
         return {}, None
     if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except (json.JSONDecodeError, RecursionError) as exc:
-            return {}, f'"arguments" is a string but not valid JSON ({exc}); pass a JSON object'
+        args, err = _loads(args) if args.strip() else ({}, None)
+        if err is not None:
+            return {}, f'"arguments" is a string but not valid JSON ({err}); pass a JSON object'
     if not isinstance(args, dict):
         return {}, f'"arguments" must be a JSON object, got {_json_type(args)}'
     return args, None
@@ -227,7 +286,18 @@ def _validate_object(value: dict[str, Any], schema: dict[str, Any], path: str) -
 
 # -- codeblock -------------------------------------------------------------------------------------------------
 
-_FENCE_OPEN = re.compile(r"^[ \t]*(`{3,})[ \t]*([^\s`]*)[^`\n]*$")
+def _fence_open(line: str) -> tuple[str, str] | None:
+    """(backticks, info string) when `line` opens a fence: optional spaces/tabs, 3+ backticks, then no backtick in
+    the rest of the line; the info string is the first word after the run (empty when whitespace other than spaces
+    and tabs comes first). String methods only: linear in the line."""
+    s = line.lstrip(" \t")
+    rest = s.lstrip("`")
+    n = len(s) - len(rest)
+    if n < 3 or "`" in rest:
+        return None
+    word = rest.lstrip(" \t")
+    info = "" if not word or word[0].isspace() else word.split(None, 1)[0]
+    return s[:n], info
 
 
 def _parse_codeblocks(text: str, tools: list[ToolSpec], turn: int) -> ParseOutcome:
@@ -255,11 +325,11 @@ def _fenced_blocks(text: str) -> tuple[list[tuple[str, str]], str | None]:
     blocks: list[tuple[str, str]] = []
     i = 0
     while i < len(lines):
-        m = _FENCE_OPEN.match(lines[i].rstrip("\r\n"))
-        if m is None:
+        fence = _fence_open(lines[i].rstrip("\r\n"))
+        if fence is None:
             i += 1
             continue
-        ticks, info = m.group(1), m.group(2).lower()
+        ticks, info = fence[0], fence[1].lower()
         span = _block_end(text, lines, offsets, i, ticks)
         if span is None:  # unclosed: the rest of the text is inside the fence
             if _wants(info, _dedent(text[offsets[i + 1] :], lines[i])):

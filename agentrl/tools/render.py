@@ -4,6 +4,11 @@ Owns: the prompt ids of a trajectory, the suffix ids of each tool/env observatio
 Never decodes model output and re-tokenizes it: model tokens are kept exactly as sampled; only env messages are
 rendered.
 
+Total on any text: env messages carry policy-produced text (tool output, test messages), which may hold code points
+no tokenizer can encode (surrogates, e.g. from a JSON "\\ud800" escape). Every message field and every text given to
+`encode` goes through `safe_text` first: each surrogate becomes its escape `\\udXXX` (six ASCII characters), the rest
+(NUL included) is unchanged. The model sees what was there; the stored messages keep the original text.
+
 Suffix ids (the TRL trick, made explicit): render a dummy conversation ending in an assistant turn, cut it right
 after its last end-of-turn token, render the same conversation plus the observation messages with the generation
 prompt, and take the difference. What the model produced ends on its end-of-turn token, so appending the suffix
@@ -54,6 +59,7 @@ _PROBE_CONTENTS = (
     "Traceback (most recent call last):\n  File \"x.py\", line 1\n" * 20,
 )
 _PROBE_NAMES = ("run_python", "a", "tool-name_2 with space")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _PROBE_IDS = ("call_0", "c", "call-7f3a9 x")
 PROMPT_CACHE_SIZE = 4096
 MAX_SHAPES = 256
@@ -66,9 +72,18 @@ class TemplateError(ValueError):
 _MESSAGE_FIELDS = tuple(Message.model_fields)
 
 
+def safe_text(text: str) -> str:
+    """`text` with every surrogate code point written as its escape `\\udXXX`, so any tokenizer can encode it (a
+    surrogate is not a Unicode scalar value: UTF-8 and the Rust tokenizers refuse it). Linear; other text as is."""
+    if text.isascii() or _SURROGATE.search(text) is None:
+        return text
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def _as_dict(message: Message) -> dict[str, Any]:
-    """`message.model_dump(exclude_none=True)` (its fields are plain strings), without pydantic's serializer."""
-    return {k: v for k in _MESSAGE_FIELDS if (v := getattr(message, k)) is not None}
+    """`message.model_dump(exclude_none=True)` (its fields are plain strings), without pydantic's serializer, with
+    each field made encodable (`safe_text`)."""
+    return {k: safe_text(v) for k in _MESSAGE_FIELDS if (v := getattr(message, k)) is not None}
 
 
 def _as_dicts(messages: list[Message]) -> list[dict[str, Any]]:
@@ -333,8 +348,9 @@ class ChatRenderer:
         return str(self._template(messages, gen_prompt=gen_prompt, tokenize=False))
 
     def encode(self, text: str) -> list[int]:
-        """`tokenizer.encode(text, add_special_tokens=False)` (the tokenization `apply_chat_template` uses)."""
-        return list(self._encode(text))
+        """`tokenizer.encode(safe_text(text), add_special_tokens=False)` (the tokenization `apply_chat_template`
+        uses)."""
+        return list(self._encode(safe_text(text)))
 
     def check_drift(self, messages: list[Message], ids: list[int]) -> tuple[bool, bool]:
         """Compare our exact ids with what re-templating the conversation would give.

@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentrl.store import LineError, read_trajectories
+from agentrl.store import LineError, encode_trajectory, read_trajectories
 from agentrl.types import Trajectory
 
 log = logging.getLogger("agentrl.trainer")
@@ -140,7 +140,7 @@ def prepare_resume(output_dir: Path, rows_per_step: int) -> ResumeState:
         trajectories = read_trajectories(store_path, errors)
         kept, reuse, dropped = split_store(trajectories, step, rows_per_step)
         # step-K rows are removed from the file too; the rollout function appends them back when it reuses them
-        _atomic_write_lines(store_path, [t.model_dump_json().encode() + b"\n" for t in kept])
+        _atomic_write_lines(store_path, [encode_trajectory(t) + b"\n" for t in kept])
         state.kept, state.dropped = len(kept), dropped + len(errors)
         state.kept_trajectories = kept
         if reuse:
