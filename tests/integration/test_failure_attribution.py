@@ -351,15 +351,15 @@ async def test_agent_killed_by_sigkill_during_a_command_is_infra_only_with_proof
     the agent's resources are its own, the policy can neither send that signal nor provoke it (the OOM killer is
     excluded): the host did it, infra_error. Without that proof the commands could have starved the agent into
     the kill: the policy's (scored)."""
-    if resources_separated:
-        real_health = Sandbox.health
+    real_health = Sandbox.health
 
-        async def health(self: Sandbox) -> bool:
-            ok = await real_health(self)
-            self.agent_info["resources_separated"] = True  # what a resource-separated agent's /health says
-            return ok
+    async def health(self: Sandbox) -> bool:
+        ok = await real_health(self)
+        # what a resource-separated agent's /health says, or one of a backend that could not separate them
+        self.agent_info["resources_separated"] = resources_separated
+        return ok
 
-        monkeypatch.setattr(Sandbox, "health", health)
+    monkeypatch.setattr(Sandbox, "health", health)
     pool = _pool()
     engine = ScriptedEngine(smollm2_tokenizer, [_code("import time\ntime.sleep(20)")])
     killed: list[int] = []
