@@ -30,6 +30,7 @@ from agentrl_repo_fix import grading, images, trees
 from agentrl_repo_fix.build import TASK_FORMAT
 from agentrl_repo_fix.config import REPO, SYSTEM_PROMPT, TOOLS, parse_options
 from agentrl_repo_fix.lockfile import default_cache_dir
+from agentrl_repo_fix.shell import CLIENT_GRACE_S, ShellSessions
 from agentrl_repo_fix.testrun import node_id
 from agentrl_repo_fix.tools import run_bash, run_editor
 
@@ -85,6 +86,7 @@ class RepoFixEnv(Env):
         self.cache = self.config.cache_dir or default_cache_dir()
         self._rows: list[dict[str, Any]] | None = None
         self._buggy: dict[str, trees.Tree] = {}  # per task id (derived data, not per-trajectory state)
+        self.shells = ShellSessions()  # each sandbox's bash session (its pid: kept here, out of the policy's reach)
 
     # -- tasks
 
@@ -155,7 +157,8 @@ class RepoFixEnv(Env):
             env = {"PATH": f"{self.sandbox_venv(sandbox, task.data)}/bin:/usr/local/bin:/usr/bin:/bin",
                    "PYTHONPATH": f"{REPO}/{task.data['pythonpath']}", "PYTHONDONTWRITEBYTECODE": "1",
                    "GIT_PAGER": "cat", "PAGER": "cat", **GIT_ENV}
-            return await run_bash(sandbox, call, initial_env=env, timeout_s=self.config.bash_timeout_s, limit=limit)
+            return await run_bash(sandbox, call, sessions=self.shells, initial_env=env,
+                                  timeout_s=self.config.bash_timeout_s, limit=limit)
         if call.name == "str_replace_editor":
             return await run_editor(sandbox, call, limit=limit)
         if call.name == "submit":
@@ -228,7 +231,7 @@ class RepoFixEnv(Env):
 
     def time_needs(self) -> dict[str, float]:
         io = 4 * grading.TAR_TIMEOUT_S  # pack + its cleanup, unpack + cleanup, each bounded; reads are fast
-        return {"tool_call": self.config.bash_timeout_s + 15.0, "finalize": self.config.grade_timeout_s + io}
+        return {"tool_call": self.config.bash_timeout_s + CLIENT_GRACE_S + 15.0, "finalize": self.config.grade_timeout_s + io}
 
     def check_cases(self, task: Task) -> list[tuple[str, str, bool]]:
         """`agentrl envs check` also requires: a no-op patch fails, and a patch that only edits tests (every test
