@@ -148,7 +148,8 @@ async def test_bash_is_one_persistent_shell_per_trajectory(env: RepoFixEnv) -> N
 
     async with _pool(env) as pool, pool.lease() as sb:
         await env.setup(sb, task)
-        r = await bash("cd inflection && LOCAL=1 && export FOO=bar && greet() { echo hi-$1; } && alias ll='echo aliased'")
+        r = await bash("cd inflection && LOCAL=1 && export FOO=bar && greet() { echo hi-$1; } && "
+                       "alias ll='echo aliased'")
         assert r.exit_code == 0, r.output
         r = await bash("pwd; echo $LOCAL $FOO; greet you; ll")
         assert r.output.split() == ["/repo/inflection", "1", "bar", "hi-you", "aliased"], r.output
@@ -160,7 +161,8 @@ async def test_bash_is_one_persistent_shell_per_trajectory(env: RepoFixEnv) -> N
                        "done | paste -sd+ | bc")
         assert r.output.split() == ["dead", "0"], r.output
         r = await bash("echo before; sleep 30; echo never-reached", on=quick)
-        assert r.timed_out and "timed out after 3s" in r.output and "before" in r.output and "never-reached" not in r.output
+        assert r.timed_out and "timed out after 3s" in r.output and "before" in r.output
+        assert "never-reached" not in r.output, r.output
         assert "new shell" not in r.output, r.output
         r = await bash("pwd; echo $FOO")
         assert r.output.split() == ["/repo/inflection", "bar"], "the shell survived the timeout of its command"
@@ -235,7 +237,7 @@ async def test_a_fix_that_patches_pytest_scores_zero(env: RepoFixEnv) -> None:
     buggy = env.buggy(task.data)
     patch = trees_diff(buggy, {**buggy, path: buggy[path] + forge.encode()})
     report = await _score(env, task, patch)
-    assert report.passed == 0 and "test harness" in (report.error or "")
+    assert report.passed == 0 and "_pytest.reports.TestReport.passed was changed at run time" in (report.error or "")
 
 
 def trees_diff(old: Any, new: Any) -> str:

@@ -8,15 +8,19 @@ and running the recorded suite over a pristine copy.
    are reported (in the report and in the stored solution).
 3. The graded tree = the host's pristine buggy tree + the kept changes. It is unpacked into a new directory with a
    random name (chosen after the policy's processes are dead) and the task's recorded pytest command runs there
-   with the package's read-only venv: no user site, no plugin autoload, a per-test timeout (pytest-timeout) and a
-   total timeout; leftovers are killed after it.
-4. Verdicts come only from the JUnit XML report (never stdout). Reward input: passed=1 of total=1 iff every
+   with the package's read-only venv: no user site, no plugin autoload, the repository off sys.path until the
+   verdict plugin (loaded first, random module name) has started, a per-test timeout (pytest-timeout) and a total
+   timeout; leftovers are killed after it.
+4. Verdicts come only from the plugin's channel: one MAC'd, sequenced line per test on the test process's stdout
+   pipe, whose reader is the sandbox agent (another uid), never a file (testrun.read_channel; the plugin also
+   audits the test machinery per test, and tampering scores 0). Reward input: passed=1 of total=1 iff every
    FAIL_TO_PASS and PASS_TO_PASS test passed; the per-test verdicts and the FAIL_TO_PASS fraction are outcomes.
 
 Steps 1-2 run in the policy's sandbox (RepoFixEnv.collect), step 3-4 in a fresh sandbox of the same pool that the
 policy never used (RepoFixEnv.grade; the runner's `grading_sandbox = "fresh"` hook): nothing the policy left outside
 its repository's kept source files exists there. See docs/envs/repo_fix.md for the threat model and its limit: the
-agent's source changes execute in-process with pytest, like any SWE-style grader.
+agent's source changes execute in-process with pytest, like any SWE-style grader, so nothing in that process is
+secret from them.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ class PolicyBrokeRepo(Exception):
     """What the policy left cannot be read as a repository (a task-level failure, scored 0)."""
 
 
-async def read_agent_tree(sandbox: Sandbox) -> tuple[trees.Tree, list[str]]:
+async def pack_agent_repository(sandbox: Sandbox) -> tuple[trees.Tree, list[str]]:
     """The files of the agent's repository (no .git), as data. Raises PolicyBrokeRepo when it cannot be packed."""
     archive = f"/workspace/.agentrl-pack-{secrets.token_hex(8)}.tar"
     res = await sandbox.exec(["tar", "-C", REPO, "--exclude=./.git", "--exclude=__pycache__", "-cf", archive, "."],

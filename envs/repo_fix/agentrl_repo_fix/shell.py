@@ -61,7 +61,8 @@ START = ('S=$1; mkdir -p "$S" && mkfifo "$S/in" "$S/out" || exit 1; '
 CLIENT = r"""
 import ctypes, json, os, select, signal, sys, time
 ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the command cannot read this process's memory or fds
-S, cid, spid, timeout, half, by_uid = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "1"
+S, cid, spid, timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+half, by_uid = int(sys.argv[5]), sys.argv[6] == "1"
 nonce = sys.stdin.readline().strip()
 me, uid = os.getpid(), os.getuid()
 result = {"rc": None, "timed_out": False, "lost": None, "forged": 0}
