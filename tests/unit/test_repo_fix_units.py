@@ -332,6 +332,7 @@ def test_the_channel_rejects_forged_duplicated_late_and_missing_lines() -> None:
     late = read(_signed(key, [*good, ["T", 1, "p"]]))
     assert "after the grader's end line" in late.tampered[0]
     assert "before the grader's end line" in read(_signed(key, good[:3])).tampered[0]
+    assert read(_signed(key, good[:3]), None).tampered == []  # killed at the suite timeout: scored as a timeout
     assert "exited 0 after the grader saw exit status 1" in read(stream, 0).tampered[0]
     assert "overflowed" in read(stream, truncated=True).tampered[0]
     assert "partial line" in read(stream + "4\t[").tampered[0]

@@ -133,7 +133,7 @@ async def run_graded(sandbox: Sandbox, task: dict[str, Any], graded: trees.Tree,
         if channel.tampered:
             error = "tampering with the test machinery (scored 0): " + "; ".join(channel.tampered[:5])
         elif run.timed_out:
-            error = f"the test suite did not finish within {timeout_s:g}s"
+            error = f"the test suite did not finish within {timeout_s:g}s (scored 0)"
         return verdict(task, channel.passed, messages=channel.messages, error=error, timed_out=run.timed_out,
                        notes=channel.collect_errors)
     finally:

@@ -120,7 +120,8 @@ def read_channel(stdout: str, key: bytes, tests: list[str], *, exit_code: int | 
                  truncated: bool = False) -> ChannelResult:
     """Verify and read the plugin's stream (the test process's stdout pipe). Any line that does not verify, a gap
     in the sequence, a test reported twice, anything after the end line, a missing end line, or an exit status
-    other than the one the plugin saw is tampering."""
+    other than the one the plugin saw is tampering. `exit_code` None: the run was killed at its timeout (no end
+    line is expected; the caller scores the timeout)."""
     tampered: list[str] = []
     passed: dict[str, bool] = {}
     messages: dict[str, str] = {}
@@ -166,9 +167,10 @@ def read_channel(stdout: str, key: bytes, tests: list[str], *, exit_code: int | 
             collect_errors.append(f"{rec[1]}: {trim_message(str(rec[2]), 300)}")
         elif kind == "E":
             ended = rec
-    if ended is None:
-        tampered.append("the test process ended before the grader's end line (os._exit, a crash, a kill or the "
-                        "suite timeout)")
+    if exit_code is None:  # killed at the suite timeout: the caller reports that (scored 0 all the same)
+        pass
+    elif ended is None:
+        tampered.append("the test process ended before the grader's end line (os._exit, a crash or a kill)")
     elif exit_code != ended[2]:
         tampered.append(f"the test process exited {exit_code} after the grader saw exit status {ended[2]}")
     return ChannelResult(passed, messages, tampered, collect_errors=collect_errors)
