@@ -291,6 +291,8 @@ def test_the_verdict_plugin_reports_what_the_junit_report_says(tmp_path: Path) -
     ("import sys\nsys.modules['_pytest.python'] = type(sys)('fake')\n",
      "the harness module _pytest.python was replaced in sys.modules"),
     ("import sys\nsys.settrace(lambda *a: None)\n", "a trace or profile function is installed"),
+    ("import sys\nsys.modules['_pytest.reports'].TestReport.passed = property(lambda self: True)\n",
+     "_pytest.reports.TestReport.passed was changed at run time"),  # shadows BaseReport.passed
 ])
 def test_the_plugin_reports_tampering_by_the_code_under_test(tmp_path: Path, extra: str, reason: str) -> None:
     _, channel, _, _ = _run_suite(tmp_path, extra)

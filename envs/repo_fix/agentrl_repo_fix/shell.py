@@ -35,7 +35,7 @@ SERVER = r"""
 S=$1
 exec 7<>"$S/in" 8<>"$S/out"
 echo $$ > "$S/pid"
-trap 'printf "exit %s %s\n" "$__agentrl_id" "$?" >&8' EXIT
+trap 'printf "exit %s %s\n" "$__agentrl_id" "$?" >"$S/out"' EXIT
 trap 'return 124 2>/dev/null' USR1
 __agentrl_run() { set --; eval "$__agentrl_cmd"; }
 shopt -s expand_aliases

@@ -134,6 +134,7 @@ def _fingerprint() -> tuple[Names, list[tuple[FunctionType, object]]]:
             if isinstance(value, type) and id(value) not in classes:
                 classes.add(id(value))
                 cspace = value.__dict__
+                _CLASS_KEYS.append((value, frozenset(cspace)))  # an attribute added to a class shadows a base's
                 for ckey, member in list(cspace.items()):
                     funcs = _functions_of(member)
                     if funcs or isinstance(member, type):
@@ -145,6 +146,11 @@ def _fingerprint() -> tuple[Names, list[tuple[FunctionType, object]]]:
 def _changed() -> list[str]:
     out = [label for space, key, value, label in _NAMES if space.get(key) is not value]  # type: ignore[attr-defined]
     out += [f"the code of {f.__module__}.{f.__qualname__}" for f, code in _CODES if f.__code__ is not code]
+    for cls, keys in _CLASS_KEYS:  # methods added (shadowing a base class's) or removed; data flags are pytest's own
+        if len(cls.__dict__) != len(keys):
+            space = cls.__dict__
+            out += [f"{cls.__module__}.{cls.__qualname__}.{key}" for key in sorted(set(space) ^ keys)
+                    if key not in space or _functions_of(space[key]) or isinstance(space[key], type)]
     return out
 
 
@@ -174,6 +180,7 @@ _ATEXIT_BASE = atexit._ncallbacks()
 _MODULES: dict[str, object] = {}
 _NAMES: Names = []
 _CODES: list[tuple[FunctionType, object]] = []
+_CLASS_KEYS: list[tuple[type, frozenset]] = []
 _emit(["S", len(INDEX)])
 
 
