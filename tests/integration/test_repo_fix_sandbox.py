@@ -148,11 +148,11 @@ async def test_bash_is_one_persistent_shell_per_trajectory(env: RepoFixEnv) -> N
 
     async with _pool(env) as pool, pool.lease() as sb:
         await env.setup(sb, task)
-        r = await bash("cd inflection && LOCAL=1 && export FOO=bar && greet() { echo hi-$1; } && "
+        r = await bash("cd inflection && S=mine LOCAL=1 && export FOO=bar && greet() { echo hi-$1; } && "
                        "alias ll='echo aliased'")
         assert r.exit_code == 0, r.output
-        r = await bash("pwd; echo $LOCAL $FOO; greet you; ll")
-        assert r.output.split() == ["/repo/inflection", "1", "bar", "hi-you", "aliased"], r.output
+        r = await bash("pwd; echo $LOCAL $FOO $S; greet you; ll")
+        assert r.output.split() == ["/repo/inflection", "1", "bar", "mine", "hi-you", "aliased"], r.output
         r = await bash("sleep 1000 & echo $!; setsid sleep 1001 </dev/null >/dev/null 2>&1 & echo started")
         pid = r.output.split()[0]
         assert "started" in r.output and r.exit_code == 0, r.output

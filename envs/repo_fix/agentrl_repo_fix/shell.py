@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import shlex
 import weakref
 from dataclasses import dataclass
 
@@ -32,10 +31,10 @@ from agentrl.sandbox.client import Sandbox
 from agentrl_repo_fix.config import STATE_DIR
 
 SERVER = r"""
-S=$1
-exec 7<>"$S/in" 8<>"$S/out"
-echo $$ > "$S/pid"
-trap 'printf "exit %s %s\n" "$__agentrl_id" "$?" >"$S/out"' EXIT
+__agentrl_dir=$1
+exec 7<>"$__agentrl_dir/in" 8<>"$__agentrl_dir/out"
+echo $$ > "$__agentrl_dir/pid"
+trap 'printf "exit %s %s\n" "$__agentrl_id" "$?" >"$__agentrl_dir/out"' EXIT
 trap 'return 124 2>/dev/null' USR1
 __agentrl_run() { set --; eval "$__agentrl_cmd"; }
 shopt -s expand_aliases
@@ -43,8 +42,8 @@ cd "$2" 2>/dev/null
 __agentrl_id=-
 while IFS= read -r __agentrl_line <&7; do
   case $__agentrl_line in run\ *) __agentrl_id=${__agentrl_line#run };; *) continue;; esac
-  __agentrl_cmd=$(cat "$S/cmd.$__agentrl_id")
-  __agentrl_run </dev/null >"$S/log.$__agentrl_id" 2>&1 7<&- 8>&-
+  __agentrl_cmd=$(cat "$__agentrl_dir/cmd.$__agentrl_id")
+  __agentrl_run </dev/null >"$__agentrl_dir/log.$__agentrl_id" 2>&1 7<&- 8>&-
   __agentrl_rc=$?
   printf 'done %s\n' "$__agentrl_id" >&8
   while IFS= read -r __agentrl_line <&7; do
@@ -264,5 +263,5 @@ class ShellSessions:
             result = json.loads(header)
         except ValueError:
             raise RuntimeError(f"the bash session client failed (exit {res.exit_code}): "
-                               f"{shlex.quote((res.stderr or res.stdout)[-300:])}") from None
+                               f"{(res.stderr or res.stdout)[-300:]!r}") from None
         return result, text
