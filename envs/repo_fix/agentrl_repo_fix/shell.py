@@ -12,7 +12,8 @@ directory, variables, functions and aliases carry over between calls. Built on t
               timeout, kills every other process of the sandbox user but the shell (background jobs, and on a timeout
               the command's foreground process), then sends the nonce and accepts only `rc <id> <that nonce> <code>`.
               A command cannot see that nonce before it has finished, so a forged `done` / `rc` / `exit` line (any
-              process can write the FIFOs) cannot fake an exit code or end the call while a process of it still runs.
+              process can write the FIFOs) cannot fake an exit code or end the call while a process of it still runs
+              (shell builtins of the command itself can still answer for the shell: docs/envs/repo_fix.md).
               A shell that does not come back (a builtin loop past the timeout, `exit`, killed) is killed and the next
               call starts a new one; the observation says so.
 
