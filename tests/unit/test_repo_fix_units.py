@@ -242,6 +242,9 @@ SUITE = {
 
         def test_teardown_error(bad_teardown):
             pass
+
+        def test_tmp_path(tmp_path):  # pytest registers its lock cleanup through a saved atexit.register
+            assert tmp_path.is_dir()
         """),
 }
 

@@ -48,7 +48,7 @@ INDEX = {t: i for i, t in enumerate(_CONF["tests"])}
 # the graded uid's: only this file itself is trusted there)
 TRUSTED = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sysconfig.get_paths()["stdlib"])})
 SELF = os.path.realpath(__file__)
-_state = {"seq": 0, "lines": 0, "ended": False, "exitstatus": None, "atexit": 0, "tampered": set(), "audit_s": 0.0}
+_state = {"seq": 0, "lines": 0, "ended": False, "exitstatus": None, "tampered": set(), "audit_s": 0.0}
 _phases: dict[str, list[str]] = {}
 _messages: dict[str, str] = {}
 _tests: dict[str, tuple[int, int]] = {}
@@ -170,13 +170,11 @@ def _guarded_register(func, *args, **kwargs):  # type: ignore[no-untyped-def]
     caller = _origin(sys._getframe(1).f_code.co_filename)
     if caller is not None:
         _tamper(f"an atexit hook was registered from {caller}")
-    _state["atexit"] += 1
     return _real_register(func, *args, **kwargs)
 
 
 os._exit = _guarded_exit
 atexit.register = _guarded_register
-_ATEXIT_BASE = atexit._ncallbacks()
 _MODULES: dict[str, object] = {}
 _NAMES: Names = []
 _CODES: list[tuple[FunctionType, object]] = []
@@ -219,8 +217,6 @@ def _audit_now(config: pytest.Config | None) -> None:
         _tamper(f"{what} was changed at run time")
     if sys.gettrace() is not None or sys.getprofile() is not None:
         _tamper("a trace or profile function is installed")
-    if atexit._ncallbacks() > _ATEXIT_BASE + _state["atexit"]:
-        _tamper("an atexit hook was registered around atexit.register")
     if config is not None:
         for hook_name, caller in list(vars(config.hook).items()):
             for impl in getattr(caller, "get_hookimpls", lambda: [])():
