@@ -243,7 +243,7 @@ SUITE = {
         def test_teardown_error(bad_teardown):
             pass
 
-        def test_tmp_path(tmp_path):  # pytest registers its lock cleanup through a saved atexit.register
+        def test_tmp_path(tmp_path):  # pytest 8.3 registers a lock cleanup through a saved atexit.register
             assert tmp_path.is_dir()
         """),
 }
