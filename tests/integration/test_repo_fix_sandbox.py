@@ -106,9 +106,9 @@ async def test_tools_behave_as_described(env: RepoFixEnv) -> None:
         r = await quick.call_tool(sb, call("bash", command="echo started; sleep 20"), task=task)
         assert r.timed_out and "timed out after 2s" in r.output
         r = await env.call_tool(sb, call("bash", command="exit 3"), task=task)
-        assert r.exit_code == 3 and "[exit code 3]" in r.output
-        r = await env.call_tool(sb, call("bash", command="pwd"), task=task)
-        assert r.output.strip() == "/repo/inflection", "state survives an `exit` in the command"
+        assert r.exit_code == 3 and "[exit code 3]" in r.output and "the shell exited" in r.output
+        r = await env.call_tool(sb, call("bash", command="pwd; echo ${FOO:-unset}"), task=task)
+        assert r.output.split() == ["/repo", "unset"], "`exit` ends the session: the next call starts afresh"
         r = await env.call_tool(sb, call("str_replace_editor", command="view", path=src_file, view_range=[1, 3]),
                                 task=task)
         assert r.error is None and r.output.splitlines()[0].lstrip().startswith("1\t")
@@ -132,6 +132,58 @@ async def test_tools_behave_as_described(env: RepoFixEnv) -> None:
         assert r.done
 
 
+
+
+async def test_bash_is_one_persistent_shell_per_trajectory(env: RepoFixEnv) -> None:
+    """cwd, variables, functions and aliases persist; background jobs die at the end of their call; a timeout kills
+    the command but keeps the shell (or restarts it, saying so, when only killing the shell stops it); forged
+    protocol lines cannot fake an exit code."""
+    task = env.tasks()[0]
+    quick = RepoFixEnv(packages=[PACKAGE], bash_timeout_s=3)
+    quick.shells = env.shells
+
+    async def bash(command: str, on: RepoFixEnv = env) -> Any:
+        return await on.call_tool(sb, ToolCall(id=uuid.uuid4().hex[:6], name="bash", arguments={"command": command}),
+                                  task=task)
+
+    async with _pool(env) as pool, pool.lease() as sb:
+        await env.setup(sb, task)
+        r = await bash("cd inflection && S=mine LOCAL=1 && export FOO=bar && greet() { echo hi-$1; } && "
+                       "alias ll='echo aliased'")
+        assert r.exit_code == 0, r.output
+        r = await bash("pwd; echo $LOCAL $FOO $S; greet you; ll")
+        assert r.output.split() == ["/repo/inflection", "1", "bar", "mine", "hi-you", "aliased"], r.output
+        r = await bash("sleep 1000 & echo $!; setsid sleep 1001 </dev/null >/dev/null 2>&1 & echo started")
+        pid = r.output.split()[0]
+        assert "started" in r.output and r.exit_code == 0, r.output
+        r = await bash(f"kill -0 {pid} 2>/dev/null && echo alive || echo dead; "
+                       "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -c 'sleep 100[01]'; "
+                       "done | paste -sd+ | bc")
+        assert r.output.split() == ["dead", "0"], r.output
+        r = await bash("echo before; sleep 30; echo never-reached", on=quick)
+        assert r.timed_out and "timed out after 3s" in r.output and "before" in r.output
+        assert "never-reached" not in r.output, r.output
+        assert "new shell" not in r.output, r.output
+        r = await bash("pwd; echo $FOO")
+        assert r.output.split() == ["/repo/inflection", "bar"], "the shell survived the timeout of its command"
+        r = await bash("while :; do :; done", on=quick)  # a builtin loop: stopped between two of its steps
+        assert r.timed_out and "new shell" not in r.output, r.output
+        r = await bash("pwd")
+        assert r.output.split() == ["/repo/inflection"], r.output
+        r = await bash("trap '' USR1; while :; do :; done", on=quick)  # only killing the shell stops this one
+        assert r.timed_out and "the shell did not stop after the timeout" in r.output, r.output
+        r = await bash("pwd; echo ${FOO:-unset}")
+        assert r.output.split() == ["/repo", "unset"], r.output
+        # forge the protocol: `done` and `rc ... 0` lines for its own call id on the shell's FIFO, a fake `exit`, a
+        # sentinel-looking line in the output, then fail
+        forge = ("d=$(ls -d /workspace/.agentrl/sh-*); id=$(ls $d | sed -n 's/^cmd\\.//p'); "
+                 "for n in 0 00000000000000000000000000000000 $id; do printf 'done %s\\nrc %s %s 0\\nexit %s 0\\n' "
+                 "$id $id $n $id > $d/out; done; printf 'nonce %s\\n' fake > $d/in; echo \"rc $id x 0\"; "
+                 "sleep 2; false")
+        r = await bash(forge)
+        assert r.exit_code == 1 and "[exit code 1]" in r.output, r.output
+        r = await bash("echo still here")
+        assert r.output.strip() == "still here" and r.exit_code == 0, r.output
 
 
 async def test_scripted_episode_through_the_runner_earns_reward_one(env: RepoFixEnv, smollm2_tokenizer: Any) -> None:
@@ -185,7 +237,7 @@ async def test_a_fix_that_patches_pytest_scores_zero(env: RepoFixEnv) -> None:
     buggy = env.buggy(task.data)
     patch = trees_diff(buggy, {**buggy, path: buggy[path] + forge.encode()})
     report = await _score(env, task, patch)
-    assert report.passed == 0 and "test harness" in (report.error or "")
+    assert report.passed == 0 and "_pytest.reports.TestReport.passed was changed at run time" in (report.error or "")
 
 
 def trees_diff(old: Any, new: Any) -> str:

@@ -1,6 +1,7 @@
 """repo_fix's pure parts: source-slicing mutations (every kind; untouched bytes unchanged), tree diffs that `git
-apply` accepts both ways, which changes grading drops, JUnit parsing, the all-or-nothing verdict, task/lockfile
-validation and the seeded candidate order."""
+apply` accepts both ways, which changes grading drops, JUnit parsing, the verdict plugin (the same ids and verdicts
+as JUnit on a real pytest run of this venv; tampering it reports) and its channel checks, the all-or-nothing
+verdict, task/lockfile validation and the seeded candidate order."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import random
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agentrl_repo_fix import mutate, trees
@@ -193,15 +195,154 @@ def test_failure_messages_are_normalized_to_what_is_stable_across_runs() -> None
     assert _stable_msg(raw) == "at 0x? took <t> in /tmp/pytest-of-root/pytest-N/test_cli0/x.sql"
 
 
-def test_changes_that_reach_into_the_test_harness_are_flagged() -> None:
-    from agentrl_repo_fix.grading import harness_markers
+SUITE = {
+    "pkg/__init__.py": "def add(a, b):\n    return a + b\n",
+    "tests/test_mod.py": textwrap.dedent("""\
+        import unittest
+        import pytest
+        from pkg import add
 
-    buggy = {"pkg/a.py": b"import os\nx = 1\n"}
-    assert harness_markers(buggy, {"pkg/a.py": b"import os\nx = 2\n"}) == []
-    assert harness_markers(buggy, {"pkg/a.py": b"import os\nimport _pytest.junitxml as j\nx = 1\n"}) == \
-        ["pkg/a.py: pytest", "pkg/a.py: junit"]
-    assert harness_markers(buggy, {"pkg/a.py": buggy["pkg/a.py"], "pkg/b.py": b"os._exit(0)\n"}) == \
-        ["pkg/b.py: os._exit"]
+        def test_ok():
+            assert add(1, 2) == 3
+
+        def test_bad():
+            assert add(1, 2) == 4
+
+        @pytest.mark.parametrize("x", ["a b", "c::d", "[e]"])
+        def test_param(x):
+            assert x
+
+        class TestGroup:
+            def test_in_class(self):
+                assert True
+
+        class Case(unittest.TestCase):
+            def test_unit(self):
+                self.assertEqual(add(2, 2), 4)
+
+        @pytest.fixture
+        def broken():
+            raise RuntimeError("setup fails")
+
+        def test_setup_error(broken):
+            pass
+
+        @pytest.mark.skip(reason="no")
+        def test_skipped():
+            pass
+
+        @pytest.mark.xfail(reason="known")
+        def test_xfail():
+            assert False
+
+        @pytest.fixture
+        def bad_teardown():
+            yield
+            raise RuntimeError("teardown fails")
+
+        def test_teardown_error(bad_teardown):
+            pass
+
+        def test_tmp_path(tmp_path):  # pytest 8.3 registers a lock cleanup through a saved atexit.register
+            assert tmp_path.is_dir()
+        """),
+}
+
+
+def _run_suite(tmp_path: Path, extra: str = "") -> tuple[dict, Any, str, int]:
+    """The same suite through the JUnit report and through the verdict plugin (this venv's pytest)."""
+    import secrets
+    import subprocess
+    import sys
+
+    from agentrl_repo_fix.testrun import PLUGIN_SOURCE, plugin_input, pytest_argv, read_channel, suite_env
+
+    repo = tmp_path / "repo"
+    for rel, text in SUITE.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text + (extra if rel == "pkg/__init__.py" else ""))
+    plug = tmp_path / "plug"
+    plug.mkdir()
+    (plug / "agentrl_verdict_t.py").write_bytes(PLUGIN_SOURCE.read_bytes())
+    report = tmp_path / "r.xml"
+    subprocess.run(pytest_argv(sys.executable, ["tests"], str(report)), cwd=repo, capture_output=True,
+                   env=suite_env(".", str(tmp_path)))
+    junit = parse_junit(report.read_bytes()).passed
+    ids = sorted(junit) + ["tests.test_mod::test_skipped", "tests.test_mod::test_xfail"]
+    key = secrets.token_bytes(32)
+    proc = subprocess.run(pytest_argv(sys.executable, ["tests"], None, plugin="agentrl_verdict_t"), cwd=repo,
+                          input=plugin_input(key, ids, str(repo), ".", ["tests/test_mod.py"]).encode(),
+                          capture_output=True, env=suite_env(str(plug), str(tmp_path)))
+    stream = proc.stdout.decode()
+    return junit, read_channel(stream, key, ids, exit_code=proc.returncode), stream, proc.returncode
+
+
+def test_the_verdict_plugin_reports_what_the_junit_report_says(tmp_path: Path) -> None:
+    junit, channel, stream, _ = _run_suite(tmp_path)
+    assert channel.started and channel.tampered == [], channel.tampered
+    assert channel.passed == junit  # same ids, same verdicts (skipped and xfailed left out, errors failed)
+    assert junit["tests.test_mod::test_param[c::d]"] and not junit["tests.test_mod::test_teardown_error"]
+    assert junit["tests.test_mod.Case::test_unit"] and not junit["tests.test_mod::test_setup_error"]
+    assert "assert 3 == 4" in channel.messages["tests.test_mod::test_bad"]
+    assert stream.count("\n") == 2 + len(junit) + 2  # S, a line per expected test that ran or skipped, E
+
+
+@pytest.mark.parametrize(("extra", "reason"), [
+    ("import atexit\natexit.register(print)\n", "an atexit hook was registered from pkg/__init__.py"),
+    ("import sys\nsys.modules['_pytest.runner'].call_and_report = lambda *a, **k: None\n",
+     "_pytest.runner.call_and_report was changed at run time"),
+    ("import sys\nsys.modules['_pytest.python'] = type(sys)('fake')\n",
+     "the harness module _pytest.python was replaced in sys.modules"),
+    ("import sys\nsys.settrace(lambda *a: None)\n", "a trace or profile function is installed"),
+    ("import sys\nsys.modules['_pytest.reports'].TestReport.passed = property(lambda self: True)\n",
+     "_pytest.reports.TestReport.passed was changed at run time"),  # shadows BaseReport.passed
+])
+def test_the_plugin_reports_tampering_by_the_code_under_test(tmp_path: Path, extra: str, reason: str) -> None:
+    _, channel, _, _ = _run_suite(tmp_path, extra)
+    assert channel.started and reason in channel.tampered, channel.tampered
+
+
+def _signed(key: bytes, records: list[list]) -> str:
+    """A stream as the plugin (or code that got hold of its key) writes it."""
+    import hashlib
+    import hmac
+
+    out = []
+    for seq, rec in enumerate(records):
+        body = f"{seq}\t{json.dumps(rec)}"
+        out.append(f"{body}\t{hmac.new(key, body.encode(), hashlib.sha256).hexdigest()[:32]}\n")
+    return "".join(out)
+
+
+def test_the_channel_rejects_forged_duplicated_late_and_missing_lines() -> None:
+    from agentrl_repo_fix.testrun import read_channel
+
+    key, ids = b"k" * 32, ["t::a", "t::b"]
+    good = [["S", 2], ["T", 0, "p"], ["T", 1, "f", "boom"], ["E", 2, 1]]
+
+    def read(text: str, code: int | None = 1, truncated: bool = False):  # type: ignore[no-untyped-def]
+        return read_channel(text, key, ids, exit_code=code, truncated=truncated)
+
+    ok = read(_signed(key, good))
+    assert (ok.started, ok.tampered, ok.passed, ok.messages) == (True, [], {"t::a": True, "t::b": False},
+                                                               {"t::b": "boom"})
+    assert not read("").started and not read(_signed(b"x" * 32, good)).started  # the plugin never spoke
+    stream = _signed(key, good)
+    lines = stream.splitlines(keepends=True)
+    assert "not written by the grader" in read(lines[0] + lines[1] + lines[1] + "".join(lines[2:])).tampered[0]
+    forged = lines[0] + "1\t[\"T\", 1, \"p\"]\t" + "0" * 32 + "\n" + "".join(lines[2:])
+    assert "not written by the grader" in read(forged).tampered[0]
+    dup = read(_signed(key, [good[0], good[1], ["T", 0, "p"], good[2], good[3]]))
+    assert dup.tampered == ["t::a was reported twice"] and dup.passed["t::a"] is False
+    late = read(_signed(key, [*good, ["T", 1, "p"]]))
+    assert "after the grader's end line" in late.tampered[0]
+    assert "before the grader's end line" in read(_signed(key, good[:3])).tampered[0]
+    assert read(_signed(key, good[:3]), None).tampered == []  # killed at the suite timeout: scored as a timeout
+    assert "exited 0 after the grader saw exit status 1" in read(stream, 0).tampered[0]
+    assert "overflowed" in read(stream, truncated=True).tampered[0]
+    assert "partial line" in read(stream + "4\t[").tampered[0]
+    assert read(_signed(key, [*good[:3], ["X", "os._exit(0) called from pkg/a.py"], good[3]])).tampered == \
+        ["os._exit(0) called from pkg/a.py"]
 
 
 def test_local_backend_gets_the_envs_read_only_binds() -> None:

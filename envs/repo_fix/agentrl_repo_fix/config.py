@@ -11,7 +11,7 @@ from agentrl.errors import ConfigError
 from agentrl.types import ToolSpec
 
 REPO = "/repo"  # a writable directory of its own (SandboxSpec.writable_dirs), outside the workspace
-STATE_DIR = "/workspace/.agentrl"  # the tools' own state (bash env/cwd, undo stacks); outside the repository
+STATE_DIR = "/workspace/.agentrl"  # the tools' own state (the bash session's FIFOs, undo stacks); outside the repo
 DEFAULT_TASKS = Path(__file__).with_name("data") / "tasks.jsonl"
 
 
@@ -42,13 +42,15 @@ def parse_options(options: dict[str, Any]) -> RepoFixOptions:
 
 
 SYSTEM_PROMPT = f"""You are a software engineer fixing a bug in a Python repository checked out at {REPO}.
-Use the tools: `bash` runs shell commands (the working directory and exported variables persist between calls),
+Use the tools: `bash` runs shell commands in one persistent shell (the working directory, variables, functions and
+aliases persist between calls; background processes are killed when a call returns),
 `str_replace_editor` views and edits files, `submit` ends the episode. Find the cause of the failing tests, fix the
 package's source code, run the tests to check, then call submit. Changes to test files, conftest.py and test/build
 configuration are discarded before grading; the grade is whether the failing tests and all other tests pass."""
 
 TOOLS = [
-    ToolSpec(name="bash", description="Run a shell command in the repository (cwd and exported env persist; "
+    ToolSpec(name="bash", description="Run a shell command in a persistent bash session in the repository (cwd, "
+             "variables, functions and aliases persist; background processes are killed when the call returns; "
              "long output is cut in the middle).",
              parameters={"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}),
     ToolSpec(name="str_replace_editor",

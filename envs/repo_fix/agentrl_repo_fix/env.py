@@ -2,14 +2,16 @@
 tests pass (grading.py), else 0.
 
 Episode: setup() unpacks the buggy tree (built on the host from the hash-checked sdist + the task's bug diff) at
-/repo (a writable directory every backend provides: `sandbox_spec.writable_dirs`) as a fresh one-commit git repository (no history, no clean copy anywhere in the sandbox: the
-package is not installed in its venv, and no .pyc is shipped). The prompt names the failing tests with a trimmed
-failure message. Tools: bash / str_replace_editor / submit (tools.py).
+/repo (a writable directory every backend provides: `sandbox_spec.writable_dirs`) as a fresh one-commit git
+repository (no history, no clean copy anywhere in the sandbox: the package is not installed in its venv, and no
+.pyc is shipped). The prompt names the failing tests with a trimmed
+failure message. Tools: bash (one persistent shell per trajectory, shell.py) / str_replace_editor / submit
+(tools.py).
 Grading runs in a FRESH sandbox (`grading_sandbox = "fresh"`): collect() packs the agent's repository once, as data,
 in its own sandbox (the graded tree and the stored solution are both built from that one pack), the runner returns
 that sandbox, and grade() runs the suite over the graded tree in a second sandbox the policy never used.
-finalize() / solution() do both steps in one given sandbox, for callers that hold only one (score_solution: where
-nothing of a policy ran, only our setup and `git apply` of a diff).
+finalize() does both steps in one given sandbox (solution() does the first), for callers that hold only one
+(score_solution: where nothing of a policy ran, only our setup and `git apply` of a diff).
 Where the package's test venv is depends on the backend: the local backend binds the host venv (lockfile.py)
 read-only at its host path (`ro_binds()`); on docker and kubernetes each task names its package's image
 (`sandbox_image()`, built by `python -m agentrl_repo_fix images`), which carries the venv at `images.IMAGE_VENV`.
@@ -32,6 +34,7 @@ from agentrl_repo_fix import grading, images, trees
 from agentrl_repo_fix.build import TASK_FORMAT
 from agentrl_repo_fix.config import REPO, SYSTEM_PROMPT, TOOLS, parse_options
 from agentrl_repo_fix.lockfile import DEFAULT_LOCKFILE, default_cache_dir, ensure_venv, fetch_sdist, load_lockfile
+from agentrl_repo_fix.shell import CLIENT_GRACE_S, ShellSessions
 from agentrl_repo_fix.testrun import node_id
 from agentrl_repo_fix.tools import run_bash, run_editor
 
@@ -87,6 +90,7 @@ class RepoFixEnv(Env):
         self.cache = self.config.cache_dir or default_cache_dir()
         self._rows: list[dict[str, Any]] | None = None
         self._buggy: dict[str, trees.Tree] = {}  # per task id (derived data, not per-trajectory state)
+        self.shells = ShellSessions()  # each sandbox's bash session (its pid: kept here, out of the policy's reach)
 
     # -- tasks
 
@@ -189,7 +193,8 @@ class RepoFixEnv(Env):
             env = {"PATH": f"{self.sandbox_venv(sandbox, task.data)}/bin:/usr/local/bin:/usr/bin:/bin",
                    "PYTHONPATH": f"{REPO}/{task.data['pythonpath']}", "PYTHONDONTWRITEBYTECODE": "1",
                    "GIT_PAGER": "cat", "PAGER": "cat", **GIT_ENV}
-            return await run_bash(sandbox, call, initial_env=env, timeout_s=self.config.bash_timeout_s, limit=limit)
+            return await run_bash(sandbox, call, sessions=self.shells, initial_env=env,
+                                  timeout_s=self.config.bash_timeout_s, limit=limit)
         if call.name == "str_replace_editor":
             return await run_editor(sandbox, call, limit=limit)
         if call.name == "submit":
@@ -198,11 +203,21 @@ class RepoFixEnv(Env):
                           "str_replace_editor or submit", error="unknown_tool")
 
     async def collect(self, sandbox: Sandbox, task: Task) -> Submission:
-        """In the policy's sandbox (its processes dead): pack its repository once and read it as data; build the
-        graded tree (the host's buggy tree + the kept changes) and the stored solution from it. Raises
+        """In the policy's sandbox: stop its processes, then pack its repository and read it as data
+        (`stop_policy_processes` + `pack_submission`)."""
+        await self.stop_policy_processes(sandbox)
+        return await self.pack_submission(sandbox, task)
+
+    async def stop_policy_processes(self, sandbox: Sandbox) -> None:
+        """Kill every process of the sandbox user (its bash session included). The runner does this before
+        collecting too; finalize() / score_solution() / solution() rely on it here."""
+        await sandbox.kill_all()
+
+    async def pack_submission(self, sandbox: Sandbox, task: Task) -> Submission:
+        """Pack the agent's repository once with tar and read it as data (nothing of the policy may still run);
+        build the graded tree (the host's buggy tree + the kept changes) and the stored solution from it. Raises
         PolicyBrokeRepo when the repository cannot be packed or read (the policy's doing: scored 0)."""
-        await sandbox.kill_all()  # the runner does this too; finalize()/score_solution rely on it here
-        agent, skipped = await grading.read_agent_tree(sandbox)
+        agent, skipped = await grading.pack_agent_repository(sandbox)
         buggy = self.buggy(task.data)
         graded, dropped = grading.merge(buggy, agent, list(task.data["tests"]))
         dropped.update({p: "not a regular file" for p in skipped})
@@ -213,10 +228,6 @@ class RepoFixEnv(Env):
     async def grade(self, sandbox: Sandbox, task: Task, submission: Submission) -> TestReport:
         """In a fresh sandbox: unpack the graded tree into a new directory and run the recorded suite there."""
         graded, dropped = submission.payload
-        markers = grading.harness_markers(self.buggy(task.data), graded)
-        if markers:
-            return self.failed_report(task, "the kept changes reach into the test harness (scored 0): "
-                                      + ", ".join(markers))
         try:
             report = await grading.run_graded(sandbox, dict(task.data), graded, self.sandbox_venv(sandbox, task.data),
                                               timeout_s=self.config.grade_timeout_s)
@@ -237,7 +248,9 @@ class RepoFixEnv(Env):
         return await self.grade(sandbox, task, submission)
 
     async def solution(self, sandbox: Sandbox, task: Task) -> str | None:
-        """The agent's diff against the buggy tree that grading kept, with the dropped paths listed first."""
+        """The Env contract's stored solution: the agent's diff against the buggy tree that grading kept, with the
+        dropped paths listed first. Not a pure read: it is collect() (stops the policy's processes, packs the
+        repository); the runner's fresh-grading path stores collect()'s solution and never calls this."""
         try:
             return (await self.collect(sandbox, task)).solution
         except grading.PolicyBrokeRepo:
@@ -266,7 +279,8 @@ class RepoFixEnv(Env):
 
     def time_needs(self) -> dict[str, float]:
         io = 4 * grading.TAR_TIMEOUT_S  # pack + its cleanup, unpack + cleanup, each bounded; reads are fast
-        return {"tool_call": self.config.bash_timeout_s + 15.0, "finalize": self.config.grade_timeout_s + io}
+        return {"tool_call": self.config.bash_timeout_s + CLIENT_GRACE_S + 15.0,
+                "finalize": self.config.grade_timeout_s + io}
 
     def check_cases(self, task: Task) -> list[tuple[str, str, bool]]:
         """`agentrl envs check` also requires: a no-op patch fails, and a patch that only edits tests (every test

@@ -8,15 +8,19 @@ and running the recorded suite over a pristine copy.
    are reported (in the report and in the stored solution).
 3. The graded tree = the host's pristine buggy tree + the kept changes. It is unpacked into a new directory with a
    random name (chosen after the policy's processes are dead) and the task's recorded pytest command runs there
-   with the package's read-only venv: no user site, no plugin autoload, a per-test timeout (pytest-timeout) and a
-   total timeout; leftovers are killed after it.
-4. Verdicts come only from the JUnit XML report (never stdout). Reward input: passed=1 of total=1 iff every
+   with the package's read-only venv: no user site, no plugin autoload, the repository off sys.path until the
+   verdict plugin (loaded first, random module name) has started, a per-test timeout (pytest-timeout) and a total
+   timeout; leftovers are killed after it.
+4. Verdicts come only from the plugin's channel: one MAC'd, sequenced line per test on the test process's stdout
+   pipe, whose reader is the sandbox agent (another uid), never a file (testrun.read_channel; the plugin also
+   audits the test machinery per test, and tampering scores 0). Reward input: passed=1 of total=1 iff every
    FAIL_TO_PASS and PASS_TO_PASS test passed; the per-test verdicts and the FAIL_TO_PASS fraction are outcomes.
 
 Steps 1-2 run in the policy's sandbox (RepoFixEnv.collect), step 3-4 in a fresh sandbox of the same pool that the
 policy never used (RepoFixEnv.grade; the runner's `grading_sandbox = "fresh"` hook): nothing the policy left outside
 its repository's kept source files exists there. See docs/envs/repo_fix.md for the threat model and its limit: the
-agent's source changes execute in-process with pytest, like any SWE-style grader.
+agent's source changes execute in-process with pytest, like any SWE-style grader, so nothing in that process is
+secret from them.
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ import asyncio
 import secrets
 from typing import Any
 
+from agentrl.errors import InfraError
 from agentrl.sandbox.client import Sandbox, SandboxFileError, SandboxPathError
 from agentrl.types import TestOutcome, TestReport
 from agentrl_repo_fix import trees
 from agentrl_repo_fix.config import REPO
-from agentrl_repo_fix.testrun import parse_junit, pytest_argv, suite_env
+from agentrl_repo_fix.testrun import PLUGIN_SOURCE, plugin_input, pytest_argv, read_channel, suite_env
 
 CONFIG_FILES = {"conftest.py", "sitecustomize.py", "usercustomize.py", "setup.py", "setup.cfg", "pyproject.toml",
                 "tox.ini", "pytest.ini", "noxfile.py", ".coveragerc", "MANIFEST.in", "requirements.txt"}
@@ -68,28 +73,11 @@ def merge(buggy: trees.Tree, agent: trees.Tree, test_paths: list[str]) -> tuple[
     return graded, dropped
 
 
-HARNESS_MARKERS = (b"pytest", b"junit", b"pluggy", b"settrace", b"setprofile", b"os._exit", b"faulthandler")
-
-
-def harness_markers(buggy: trees.Tree, graded: trees.Tree) -> list[str]:
-    """`path: marker` for every added line of the kept changes that names the test harness. The agent's source runs
-    in-process with pytest, so a "fix" that reaches into pytest could forge the report; such a change scores 0.
-    A speed bump, not a proof (an obfuscated reference passes): see docs/envs/repo_fix.md."""
-    found = []
-    for path in sorted(graded):
-        old = set(buggy.get(path, b"").splitlines())
-        added = [ln for ln in graded[path].splitlines() if ln not in old]
-        for marker in HARNESS_MARKERS:
-            if any(marker in ln.lower() for ln in added):
-                found.append(f"{path}: {marker.decode()}")
-    return found
-
-
 class PolicyBrokeRepo(Exception):
     """What the policy left cannot be read as a repository (a task-level failure, scored 0)."""
 
 
-async def read_agent_tree(sandbox: Sandbox) -> tuple[trees.Tree, list[str]]:
+async def pack_agent_repository(sandbox: Sandbox) -> tuple[trees.Tree, list[str]]:
     """The files of the agent's repository (no .git), as data. Raises PolicyBrokeRepo when it cannot be packed."""
     archive = f"/workspace/.agentrl-pack-{secrets.token_hex(8)}.tar"
     res = await sandbox.exec(["tar", "-C", REPO, "--exclude=./.git", "--exclude=__pycache__", "-cf", archive, "."],
@@ -113,33 +101,63 @@ async def read_agent_tree(sandbox: Sandbox) -> tuple[trees.Tree, list[str]]:
 
 async def run_graded(sandbox: Sandbox, task: dict[str, Any], graded: trees.Tree, venv: str, *,
                      timeout_s: float) -> TestReport:
-    """Unpack `graded` in a fresh directory, run the task's suite there, and read the verdicts from the report."""
-    root = f"/workspace/.agentrl-grade-{secrets.token_hex(8)}"
-    repo, report = f"{root}/repo", f"{root}/report.xml"
-    await sandbox.exec(["mkdir", "-p", repo, f"{root}/home"], timeout=TAR_TIMEOUT_S)
+    """Unpack `graded` in a fresh directory, run the task's suite there with the verdict plugin loaded first, and
+    read the verdicts from its channel (the test process's stdout pipe, held by the sandbox agent). Raises
+    GraderFailed when the plugin never started (nothing of the repository had run yet: not the policy's doing)."""
+    token = secrets.token_hex(8)
+    root = f"/workspace/.agentrl-grade-{token}"
+    repo, plugin = f"{root}/repo", f"agentrl_verdict_{token}"
+    tests = list(task["fail_to_pass"]) + list(task["pass_to_pass"])
+    key = secrets.token_bytes(32)
+    await sandbox.exec(["mkdir", "-p", repo, f"{root}/home", f"{root}/plugin"], timeout=TAR_TIMEOUT_S)
     try:
+        await sandbox.write_file(f"{root}/plugin/{plugin}.py", PLUGIN_SOURCE.read_bytes())
         await sandbox.write_file(f"{root}/tree.tar", trees.to_tar(graded))
         res = await sandbox.exec(["tar", "-xf", f"{root}/tree.tar", "-C", repo], timeout=TAR_TIMEOUT_S)
         if res.exit_code != 0:
             raise PolicyBrokeRepo(f"unpacking the graded tree failed: {res.stderr[-300:]}")
-        argv = pytest_argv(f"{venv}/bin/python", list(task["tests"]), report, deselect=list(task.get("deselect", [])),
-                           per_test_timeout_s=float(task["per_test_timeout_s"]))
-        run = await sandbox.exec(argv, cwd=repo, timeout=timeout_s, kill_leftovers=True,
-                                 env=suite_env(f"{repo}/{task['pythonpath']}", f"{root}/home"))
-        try:
-            data = await sandbox.read_bytes(report)
-        except (FileNotFoundError, SandboxFileError, SandboxPathError):
-            why = "timed out" if run.timed_out else f"exited {run.exit_code}"
-            return verdict(task, {}, error=f"the test run wrote no report ({why}): {run.stdout[-300:]}")
-        result = parse_junit(data)
-        return verdict(task, result.passed, messages=result.messages, error=result.error,
-                       timed_out=run.timed_out)
+        argv = pytest_argv(f"{venv}/bin/python", list(task["tests"]), None, deselect=list(task.get("deselect", [])),
+                           per_test_timeout_s=float(task["per_test_timeout_s"]), plugin=plugin)
+        limit = CHANNEL_BYTES_PER_TEST * len(tests) + CHANNEL_BASE_BYTES
+        stdin = plugin_input(key, tests, repo, str(task["pythonpath"]),
+                             sorted(p for p in graded if protected(p, list(task["tests"])) is not None))
+        run = await _with_output_limit(sandbox, limit).exec(
+            argv, cwd=repo, timeout=timeout_s, kill_leftovers=True, stdin=stdin,
+            env=suite_env(f"{root}/plugin", f"{root}/home"))
+        channel = read_channel(run.stdout, key, tests, exit_code=run.exit_code,
+                               truncated=len(run.stdout.encode()) >= limit)
+        if not channel.started:
+            raise GraderFailed(f"the verdict plugin did not start ({'timed out' if run.timed_out else 'exit'} "
+                               f"{run.exit_code}): {run.stderr[-500:]}")
+        error = None
+        if channel.tampered:
+            error = "tampering with the test machinery (scored 0): " + "; ".join(channel.tampered[:5])
+        elif run.timed_out:
+            error = f"the test suite did not finish within {timeout_s:g}s (scored 0)"
+        return verdict(task, channel.passed, messages=channel.messages, error=error, timed_out=run.timed_out,
+                       notes=channel.collect_errors)
     finally:
         await sandbox.exec(["rm", "-rf", "--", root], timeout=TAR_TIMEOUT_S, kill_leftovers=True)
 
 
+CHANNEL_BYTES_PER_TEST = 96  # a test's line: sequence number, index, outcome, MAC (failure messages: the base)
+CHANNEL_BASE_BYTES = 1 << 20
+
+
+def _with_output_limit(sandbox: Sandbox, limit: int) -> Sandbox:
+    """The same sandbox (same agent connection) whose execs keep up to `limit` bytes per stream."""
+    if limit <= sandbox.spec.output_limit:
+        return sandbox
+    return Sandbox(sandbox.handle, sandbox.spec.model_copy(update={"output_limit": limit}), client=sandbox.client)
+
+
+class GraderFailed(InfraError):
+    """The grader itself did not run (its plugin never reported): infra, never the policy's score."""
+
+
 def verdict(task: dict[str, Any], passed: dict[str, bool], *, messages: dict[str, str] | None = None,
-            error: str | None = None, timed_out: bool = False, dropped: dict[str, str] | None = None) -> TestReport:
+            error: str | None = None, timed_out: bool = False, dropped: dict[str, str] | None = None,
+            notes: list[str] | None = None) -> TestReport:
     """The TestReport: 1/1 iff every FAIL_TO_PASS and PASS_TO_PASS test passed, else 0/1; details as outcomes."""
     messages = messages or {}
     f2p, p2p = list(task["fail_to_pass"]), list(task["pass_to_pass"])
@@ -148,6 +166,8 @@ def verdict(task: dict[str, Any], passed: dict[str, bool], *, messages: dict[str
     resolved = error is None and len(f2p_ok) == len(f2p) and not p2p_bad
     summary = (f"FAIL_TO_PASS {len(f2p_ok)}/{len(f2p)} (fraction {len(f2p_ok) / len(f2p):.3f}), "
                f"PASS_TO_PASS {len(p2p) - len(p2p_bad)}/{len(p2p)}" + (" [suite timed out]" if timed_out else ""))
+    if notes:
+        summary += "; collection errors: " + "; ".join(notes[:3])
     if dropped:
         summary += "; dropped changes: " + ", ".join(f"{p} ({why})" for p, why in sorted(dropped.items()))
     outcomes = [TestOutcome(name="resolved", passed=resolved, message=summary if error is None else error)]

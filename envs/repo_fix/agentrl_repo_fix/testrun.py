@@ -1,14 +1,22 @@
 """How a package's test suite is run and read, shared by the task build (on the host) and grading (in a sandbox), so
-both see the same test ids: the pytest command line, its environment, and the JUnit XML parser.
+both see the same test ids: the pytest command line, its environment, the JUnit XML parser (the build, on the host)
+and the verdict channel (grading, where the graded code may be hostile).
 
-Results come only from the JUnit XML report pytest writes to a path outside the repository, never from stdout. A
-test id is `<classname>::<name>` of the report. A test missing from the report counts as failed.
+A test id is `<classname>::<name>` of the JUnit report. The build reads the JUnit XML report. Grading never reads a
+file: the verdict plugin (verdict_plugin.py, loaded first) writes one MAC'd, sequenced line per expected test to the
+exec's stdout pipe as the test finishes; `read_channel` accepts the run only when the stream starts, is contiguous,
+verifies under the run's key, holds each expected test at most once, ends with the plugin's own end line with
+nothing after it, reports no tampering and matches the process's exit status.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 MESSAGE_CHARS = 600
 
@@ -25,12 +33,16 @@ class SuiteResult:
         return sorted(t for t, ok in self.passed.items() if not ok)
 
 
-def pytest_argv(python: str, tests: list[str], report: str, *, deselect: list[str] = (),  # type: ignore[assignment]
-                per_test_timeout_s: float = 20.0) -> list[str]:
-    """The test command: no user site (-s), no bytecode written (-B), no cache dir, a per-test timeout."""
-    argv = [python, "-s", "-B", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pytest_timeout",
+def pytest_argv(python: str, tests: list[str], report: str | None, *,
+                deselect: list[str] = (),  # type: ignore[assignment]
+                per_test_timeout_s: float = 20.0, plugin: str | None = None) -> list[str]:
+    """The test command: no user site (-s), no bytecode written (-B), no cache dir, a per-test timeout. With
+    `plugin` (grading): the verdict plugin of that module name loaded right after pytest_timeout, no JUnit report,
+    and -P (the working directory, the repository, is not put on sys.path before the plugin puts it there)."""
+    argv = [python, "-s", "-B", *(["-P"] if plugin else []), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            "-p", "pytest_timeout", *(["-p", plugin] if plugin else []),
             f"--timeout={per_test_timeout_s:g}", "-o", "junit_family=xunit1", "-o", "addopts=",
-            f"--junitxml={report}", "--rootdir=."]
+            *([f"--junitxml={report}"] if report else []), "--rootdir=."]
     for test in deselect:
         argv += ["--deselect", test]
     return argv + list(tests)
@@ -81,3 +93,84 @@ def node_id(test_id: str, files: set[str] | dict[str, bytes]) -> str:
         if path in files:
             return "::".join([path, *parts[cut:], name])
     return test_id
+
+
+PLUGIN_SOURCE = Path(__file__).with_name("verdict_plugin.py")
+
+
+@dataclass(frozen=True)
+class ChannelResult:
+    """What the verdict channel of one graded run says: per-test verdicts (True = passed; skipped left out), failure
+    messages, tampering found (by the plugin or in the stream), and whether the plugin started at all."""
+
+    passed: dict[str, bool]
+    messages: dict[str, str]
+    tampered: list[str] = field(default_factory=list)
+    started: bool = True
+    collect_errors: list[str] = field(default_factory=list)
+
+
+def plugin_input(key: bytes, tests: list[str], repo: str, pythonpath: str, protected: list[str]) -> str:
+    """The plugin's configuration, sent on the test process's stdin (never in its argv, environment or a file)."""
+    return json.dumps({"key": key.hex(), "tests": tests, "repo": repo, "pythonpath": pythonpath,
+                       "protected": protected})
+
+
+def read_channel(stdout: str, key: bytes, tests: list[str], *, exit_code: int | None,
+                 truncated: bool = False) -> ChannelResult:
+    """Verify and read the plugin's stream (the test process's stdout pipe). Any line that does not verify, a gap
+    in the sequence, a test reported twice, anything after the end line, a missing end line, or an exit status
+    other than the one the plugin saw is tampering. `exit_code` None: the run was killed at its timeout (no end
+    line is expected; the caller scores the timeout)."""
+    tampered: list[str] = []
+    passed: dict[str, bool] = {}
+    messages: dict[str, str] = {}
+    collect_errors: list[str] = []
+    base = hmac.new(key, digestmod=hashlib.sha256)
+    lines = stdout.split("\n")
+    tail = lines.pop()  # "" when the stream ends with a newline
+    records = []
+    for n, line in enumerate(lines):
+        body, _, mac = line.rpartition("\t")
+        check = base.copy()
+        check.update(body.encode())
+        seq, _, payload = body.partition("\t")
+        if not hmac.compare_digest(mac, check.hexdigest()[:32]) or seq != str(n):
+            tampered.append(f"line {n} of the verdict channel was not written by the grader: {line[:120]!r}")
+            break
+        records.append(json.loads(payload))
+    if tail:
+        tampered.append(f"the verdict channel ends with a partial line: {tail[:120]!r}")
+    if truncated:
+        tampered.append("the verdict channel overflowed (something else wrote to it)")
+    if not records or records[0][0] != "S":  # nothing of the repository can run before the plugin's first line
+        return ChannelResult({}, {}, tampered, started=False)
+    ended = None
+    for n, rec in enumerate(records[1:], 1):
+        kind = rec[0]
+        if ended is not None:
+            tampered.append(f"the verdict channel has a record after the grader's end line: {rec[:2]}")
+            break
+        if kind == "T":
+            test = tests[rec[1]]
+            if test in passed:
+                tampered.append(f"{test} was reported twice")
+                passed[test] = False
+                continue
+            if rec[2] != "s":
+                passed[test] = rec[2] == "p"
+            if rec[2] == "f":
+                messages[test] = trim_message(rec[3] if len(rec) > 3 else "")
+        elif kind == "X":
+            tampered.append(str(rec[1]))
+        elif kind == "C":
+            collect_errors.append(f"{rec[1]}: {trim_message(str(rec[2]), 300)}")
+        elif kind == "E":
+            ended = rec
+    if exit_code is None:  # killed at the suite timeout: the caller reports that (scored 0 all the same)
+        pass
+    elif ended is None:
+        tampered.append("the test process ended before the grader's end line (os._exit, a crash or a kill)")
+    elif exit_code != ended[2]:
+        tampered.append(f"the test process exited {exit_code} after the grader saw exit status {ended[2]}")
+    return ChannelResult(passed, messages, tampered, collect_errors=collect_errors)

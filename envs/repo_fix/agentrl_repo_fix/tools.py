@@ -1,9 +1,11 @@
-"""The policy's tools, all state in the sandbox (the env is shared across trajectories and holds none):
+"""The policy's tools, their state in the sandbox (the env is shared across trajectories; it keeps only each
+sandbox's shell pid, see shell.py):
 
-    bash                one `bash -c` per call; exported variables and the working directory are saved to
-                        STATE_DIR on exit and restored on the next call; stdout+stderr go to a file there, of which
-                        the head and tail are shown (the middle cut); a timeout is reported (its output is lost),
-                        and leftover processes are killed
+    bash                a persistent bash session per trajectory (shell.py): the working directory, variables,
+                        functions and aliases carry over; stdout+stderr go to a file of which the head and tail are
+                        shown (the middle cut); the call returns when the command finishes, and anything it left
+                        running in the background is killed then; a timeout kills the command (the shell too, with a
+                        note, when it cannot be stopped otherwise)
     str_replace_editor  view (numbered lines, ranges; directories list two levels) / create / str_replace
                         (exactly one match, else how many and on which lines) / insert / undo_edit (a per-file stack
                         in STATE_DIR/undo.json)
@@ -16,44 +18,17 @@ from __future__ import annotations
 
 import base64
 import json
-import shlex
+import time
 from typing import Any
 
 from agentrl.sandbox.client import Sandbox, SandboxFileError, SandboxPathError
 from agentrl.types import ToolCall, ToolResult
 from agentrl_repo_fix.config import REPO, STATE_DIR
+from agentrl_repo_fix.shell import ShellSessions
 
 UNDO_FILE = f"{STATE_DIR}/undo.json"
 UNDO_DEPTH = 10
 VIEW_MAX_LINES = 400
-
-_BASH_WRAPPER = r"""
-S=%(state)s
-mkdir -p "$S"
-__agentrl_show() {
-  n=$(wc -c < "$S/out")
-  if [ "$n" -gt %(both)d ]; then
-    head -c %(half)d "$S/out"; printf '\n[... %%s bytes cut ...]\n' $((n - %(both)d)); tail -c %(half)d "$S/out"
-  else cat "$S/out"; fi
-  rm -f "$S/out"
-}
-__agentrl_save() {
-  rc=$?
-  export -p > "$S/env.tmp" 2>/dev/null && mv -f "$S/env.tmp" "$S/env"; pwd > "$S/cwd" 2>/dev/null
-  __agentrl_show >&3 2>&3
-  exit $rc
-}
-trap __agentrl_save EXIT
-exec 3>&1 >"$S/out" 2>&1
-if [ -f "$S/env" ]; then . "$S/env" >/dev/null 2>&1; else export %(initial)s; fi
-__agentrl_cwd=$(cat "$S/cwd" 2>/dev/null)
-{ [ -n "$__agentrl_cwd" ] && cd "$__agentrl_cwd" 2>/dev/null; } || cd %(repo)s
-unset __agentrl_cwd
-__agentrl_cmd=$AGENTRL_CMD
-unset AGENTRL_CMD
-eval "$__agentrl_cmd" </dev/null 3>&-
-"""
-
 
 def cap(text: str, limit: int) -> str:
     """`text` with its middle cut when longer than `limit` (head and tail kept: errors are usually at the end)."""
@@ -67,25 +42,24 @@ def _fail(call: ToolCall, message: str, kind: str = "bad_arguments") -> ToolResu
     return ToolResult(call_id=call.id, name=call.name, output=message, error=kind)
 
 
-async def run_bash(sandbox: Sandbox, call: ToolCall, *, initial_env: dict[str, str], timeout_s: float,
-                   limit: int) -> ToolResult:
+async def run_bash(sandbox: Sandbox, call: ToolCall, *, sessions: ShellSessions, initial_env: dict[str, str],
+                   timeout_s: float, limit: int) -> ToolResult:
     command = call.arguments.get("command")
     if not isinstance(command, str) or not command.strip():
         return _fail(call, "bash needs a non-empty string argument 'command'")
-    initial = " ".join(f"{k}={shlex.quote(v)}" for k, v in initial_env.items())
-    half = max(limit // 2 - 100, 200)  # the sandbox keeps head + tail of the output; cap() below is a backstop
-    script = _BASH_WRAPPER % {"state": shlex.quote(STATE_DIR), "initial": initial, "repo": shlex.quote(REPO),
-                              "half": half, "both": 2 * half}
-    res = await sandbox.exec(["bash", "-c", script], timeout=timeout_s, env={"AGENTRL_CMD": command},
-                             kill_leftovers=True)
-    out = res.stdout + res.stderr
+    half = max(limit // 2 - 200, 200)  # the client keeps head + tail of the output; cap() below is a backstop
+    started = time.monotonic()
+    res = await sessions.run(sandbox, command, env=initial_env, cwd=REPO, timeout_s=timeout_s, half=half)
+    out = res.output
     if res.timed_out:
         out += f"\n[the command timed out after {timeout_s:g}s and was killed]"
     elif res.exit_code:
         out += f"\n[exit code {res.exit_code}]"
+    if res.note:
+        out += "\n" + res.note
     return ToolResult(call_id=call.id, name=call.name, output=cap(out, limit) or "(no output)",
-                      exit_code=res.exit_code, duration_s=res.duration_s, timed_out=res.timed_out,
-                      truncated=res.truncated or len(out) > limit or " bytes cut ...]" in out)
+                      exit_code=res.exit_code, duration_s=round(time.monotonic() - started, 6),
+                      timed_out=res.timed_out, truncated=res.truncated or len(out) > limit)
 
 
 def resolve(path: str) -> str:
