@@ -140,6 +140,8 @@ async def test_attack_from_the_packages_source_scores_zero(env: RepoFixEnv, atta
     assert (report.passed, report.total) == (0, 1), report.outcomes[:3]
     assert report.error and "tampering" in report.error and REASONS[attack] in report.error, report.error
     assert report.outcomes[0].message == report.error
+    if "tampering" in report.error:  # the integrity monitor sees it too (agentrl.runner.integrity)
+        assert [sig.name for sig in report.signals] == ["test_tamper"], report.signals
 
 
 async def test_the_reference_of_the_attacked_task_still_scores_one(env: RepoFixEnv) -> None:

@@ -345,3 +345,6 @@ async def test_what_the_policy_leaves_outside_repo_is_absent_where_grading_runs(
     assert probed.graded_in and probed.graded_in[0] != policy, "graded in a sandbox of its own"
     assert probed.probes == [""], f"the policy's leftovers reached the grading sandbox: {probed.probes}"
     assert traj.solution and "# dropped before grading: conftest.py" in traj.solution
+    # the dropped plants are an integrity signal at grading; detection never changed the reward above
+    assert [(sig.name, sig.turn) for sig in traj.integrity] == [("protected_path_edit", None)], traj.integrity
+    assert "conftest.py (test/build configuration)" in traj.integrity[0].detail

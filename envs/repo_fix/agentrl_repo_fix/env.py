@@ -29,7 +29,7 @@ from agentrl.envs import Env, Submission, Task, register_env
 from agentrl.errors import ConfigError
 from agentrl.sandbox.base import SandboxSpec
 from agentrl.sandbox.client import Sandbox
-from agentrl.types import TestOutcome, TestReport, ToolCall, ToolResult
+from agentrl.types import IntegritySignal, TestOutcome, TestReport, ToolCall, ToolResult
 from agentrl_repo_fix import grading, images, trees
 from agentrl_repo_fix.build import TASK_FORMAT
 from agentrl_repo_fix.config import REPO, SYSTEM_PROMPT, TOOLS, parse_options
@@ -237,6 +237,8 @@ class RepoFixEnv(Env):
             first = report.outcomes[0]
             note = "; dropped changes: " + ", ".join(f"{p} ({why})" for p, why in sorted(dropped.items()))
             report.outcomes[0] = first.model_copy(update={"message": first.message + note})
+            report.signals.append(IntegritySignal(name="protected_path_edit", count=len(dropped),
+                                                  detail=note.removeprefix("; dropped changes: ")[:1000]))
         return report
 
     async def finalize(self, sandbox: Sandbox, task: Task) -> TestReport:

@@ -31,7 +31,7 @@ from typing import Any
 
 from agentrl.errors import InfraError
 from agentrl.sandbox.client import Sandbox, SandboxFileError, SandboxPathError
-from agentrl.types import TestOutcome, TestReport
+from agentrl.types import IntegritySignal, TestOutcome, TestReport
 from agentrl_repo_fix import trees
 from agentrl_repo_fix.config import REPO
 from agentrl_repo_fix.testrun import PLUGIN_SOURCE, plugin_input, pytest_argv, read_channel, suite_env
@@ -134,8 +134,12 @@ async def run_graded(sandbox: Sandbox, task: dict[str, Any], graded: trees.Tree,
             error = "tampering with the test machinery (scored 0): " + "; ".join(channel.tampered[:5])
         elif run.timed_out:
             error = f"the test suite did not finish within {timeout_s:g}s (scored 0)"
-        return verdict(task, channel.passed, messages=channel.messages, error=error, timed_out=run.timed_out,
-                       notes=channel.collect_errors)
+        report = verdict(task, channel.passed, messages=channel.messages, error=error, timed_out=run.timed_out,
+                         notes=channel.collect_errors)
+        if channel.tampered:  # detection, for the integrity monitor (the verdict above already scores it 0)
+            report.signals.append(IntegritySignal(name="test_tamper", count=len(channel.tampered),
+                                                  detail="; ".join(channel.tampered[:5])[:1000]))
+        return report
     finally:
         await sandbox.exec(["rm", "-rf", "--", root], timeout=TAR_TIMEOUT_S, kill_leftovers=True)
 
