@@ -13,6 +13,7 @@ import random
 import sys
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -204,9 +205,13 @@ async def check_env(name: str, *, solutions: Path | None, backend: str, json_out
     full = sum(1 for _, r in results if r.total and r.passed == r.total)
     print(f"total: {full}/{len(results)} tasks pass all tests; "
           f"{sum(r.passed for _, r in results)}/{sum(r.total for _, r in results)} tests passed")
+    flagged = Counter(sig.name for _, r in results for sig in r.signals)  # a reference should raise none
+    print("integrity signals raised by the grader: " + (", ".join(f"{n} on {c} task(s)" for n, c in
+                                                                  sorted(flagged.items())) or "none"))
     if json_out:
         json_out.write_text(json.dumps([{"task_id": t.id, "passed": r.passed, "total": r.total, "error": r.error,
-                                         "outcomes": [o.model_dump() for o in r.outcomes]} for t, r in results],
+                                         "outcomes": [o.model_dump() for o in r.outcomes],
+                                         "signals": [sig.model_dump() for sig in r.signals]} for t, r in results],
                                        indent=1))
     return 0 if given is not None or full == len(results) else 1
 

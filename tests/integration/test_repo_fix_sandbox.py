@@ -225,6 +225,7 @@ async def test_envs_check_runs_reference_noop_test_only_and_a_repeat(env: RepoFi
     assert rc == 0, capsys.readouterr().out
     (row,) = json.loads(out.read_text())
     assert (row["passed"], row["total"], row["error"]) == (1, 1, None)
+    assert row["signals"] == [] and "integrity signals raised by the grader: none" in capsys.readouterr().out
     cases = env.check_cases(env.tasks()[0])
     assert [(label, must) for label, _, must in cases] == [("no-op patch", False), ("test-only patch", False)]
     assert cases[1][1].count("diff --git") >= 1 and "test_inflection.py" in cases[1][1]
