@@ -174,7 +174,8 @@ async def _local(path: Path) -> LocalEngine:
 # -- the HTTP clients against the stand-ins -------------------------------------------------------------------------
 
 @contextlib.asynccontextmanager
-async def _served(face: str, model: Path, validator: ControlValidator) -> AsyncIterator[tuple[Any, Any, Any]]:
+async def _served(face: str, model: Path, validator: ControlValidator,
+                  **client_kw: Any) -> AsyncIterator[tuple[Any, Any, Any]]:
     from sglang_support import contract_validator
 
     engine = LocalEngine(model, seed=0)
@@ -188,7 +189,8 @@ async def _served(face: str, model: Path, validator: ControlValidator) -> AsyncI
     server = StandInServer(standin)
     url = await server.start()
     client: Any = (SGLangEngine if face == "sglang" else VLLMEngine)(urls=[url], eos_token_ids=eos,
-                                                                     context_window=window, model_path=str(model))
+                                                                     context_window=window, model_path=str(model),
+                                                                     **client_kw)
     try:
         yield client, standin, engine
     finally:
@@ -261,6 +263,40 @@ async def _greedy_merged(model: Path, peft: Any) -> list[int]:
         return (await engine.generate(PROMPT, GREEDY, session_id="ref")).output_ids
     finally:
         await engine.close()
+
+
+@pytest.mark.parametrize(("face", "mode"), [("sglang", "pause"), ("vllm", "abort")])
+async def test_in_flight_turns_rerun_with_the_new_adapter(face: str, mode: str, tiny_model_path: Path, tmp_path: Path,
+                                                          control_validators: tuple[ControlValidator,
+                                                                                    ControlValidator]) -> None:
+    import asyncio
+
+    from sglang_support import wait_until
+
+    peft = lora_model(tiny_model_path, seed=5)
+    path = AdapterWeightSync(SimpleNamespace(load_adapter=print), None, tmp_path).save(FakeTrainer(peft), 1)
+    prompts = [[3, 4, 5], [8, 9, 10, 11]]
+    long = SamplingParams(temperature=0.0, max_new_tokens=200)  # still running when the update starts
+    kw = {"weight_update": mode} if face == "sglang" else {"pause_mode": mode}
+    validator = control_validators[0 if face == "sglang" else 1]
+    async with _served(face, tiny_model_path, validator, retries=2, **kw) as (client, standin, _):
+        tasks = [asyncio.create_task(client.generate(p, long, session_id=f"s{i}")) for i, p in enumerate(prompts)]
+        await wait_until(lambda: standin.in_flight == len(prompts))
+        await client.load_adapter(str(path), 1)
+        gens = await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        log, name = list(standin.request_log), client.adapter
+    named = "lora_path" if face == "sglang" else "model"
+    assert all(g.finish_reason != "abort" and g.weight_version == 1 for g in gens)
+    aborted = [e for e in log if e["finish"] == "abort"]
+    assert len(aborted) == len(prompts) and all(e[named] != name for e in aborted)
+    assert [(e[named], e["weight_version"]) for e in log if e["finish"] != "abort"] == [(name, "1")] * len(prompts)
+    reference = LocalEngine(tiny_model_path, seed=0)
+    try:
+        await reference.update_weights(merged_state_dict(peft), 1)
+        expected = await reference.generate(prompts[0], long, session_id="ref")
+    finally:
+        await reference.close()
+    assert gens[0].output_ids == expected.output_ids, "the re-run used the trained (merged) weights"
 
 
 def test_standins_refuse_what_the_servers_models_refuse(tiny_model_path: Path, loop: Any,
