@@ -95,7 +95,8 @@ def _sglang_real(files: dict[str, Path]) -> ControlValidator:
     sys.modules["agentrl_sglang_msgspec_utils"] = utils
     models = _load_module("agentrl_sglang_io_struct", source, str(files[SGLANG_IO_STRUCT]))
     classes = {path: getattr(models, name) for path, name in SGLANG_MODELS.items()}
-    return ControlValidator(_pydantic_check(classes), f"sglang {SGLANG_VERSION} io_struct ({SGLANG_CONTROL.root(files)})")
+    root = SGLANG_CONTROL.root(files)
+    return ControlValidator(_pydantic_check(classes), f"sglang {SGLANG_VERSION} io_struct ({root})")
 
 
 # -- vLLM ------------------------------------------------------------------------------------------------------------

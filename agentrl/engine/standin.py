@@ -24,9 +24,9 @@ generation (LocalEngine) or the contract itself.
 Differences from SGLang, on purpose: the prefix cache is per routing key (X-SMG-Routing-Key, else per rid) instead
 of a global radix tree; an aborted request returns no partial tokens; pause modes "retract"/"in_place" let running
 requests finish; the engine applies one LoRA adapter at a time, so a request must name the adapter loaded last (or
-none before any), else a 400 saying so. Sampling features the LocalEngine lacks (penalties, min_p, stop strings, grammars...) are refused
-with a 400 naming them rather than ignored. `echo=True` (benchmarks only) answers every admitted request with one
-token (the last input id) without a model, so a client's own overhead can be measured.
+none before any), else a 400 saying so. Sampling features the LocalEngine lacks (penalties, min_p, stop strings,
+grammars...) are refused with a 400 naming them rather than ignored. `echo=True` (benchmarks only) answers every
+admitted request with one token (the last input id) without a model, so a client's own overhead can be measured.
 """
 
 from __future__ import annotations

@@ -199,7 +199,8 @@ class VLLMStandIn(StandInCore):
     async def models(self, request: web.Request) -> web.Response:
         card = {"id": self.served_model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
                 "root": self.model_path, "parent": None, "max_model_len": self.context_window, "permission": []}
-        loras = [{**card, "id": name, "root": path, "parent": self.served_model} for name, path in self.adapters.items()]
+        loras = [{**card, "id": name, "root": path, "parent": self.served_model}
+                 for name, path in self.adapters.items()]
         return web.json_response({"object": "list", "data": [card, *loras]})
 
     async def pause(self, request: web.Request) -> web.Response:
