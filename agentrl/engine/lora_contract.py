@@ -22,6 +22,7 @@ the pydantic default); the stand-ins refuse them, so a misspelt name in agentrl'
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import sys
 import types
@@ -85,17 +86,19 @@ def fetch_contracts(cache_dir: Path | None = None) -> tuple[Path, Path]:
 # -- SGLang ----------------------------------------------------------------------------------------------------------
 
 def _sglang_real(files: dict[str, Path]) -> ControlValidator:
+    return _sglang_loaded(files[SGLANG_IO_STRUCT], files[SGLANG_MSGSPEC_UTILS], SGLANG_CONTROL.root(files))
+
+
+@functools.lru_cache(maxsize=8)  # every stand-in loads it; parsing io_struct.py takes a while
+def _sglang_loaded(io_struct: Path, msgspec_utils: Path, root: Path) -> ControlValidator:
     _need("msgspec", "pydantic", "pydantic_core")
-    utils = _load_module("agentrl_sglang_msgspec_utils", files[SGLANG_MSGSPEC_UTILS].read_text(),
-                         str(files[SGLANG_MSGSPEC_UTILS]))
+    utils = _load_module("agentrl_sglang_msgspec_utils", msgspec_utils.read_text(), str(msgspec_utils))
     source = "\n".join([
         "from __future__ import annotations", "from typing import Any, Dict, List, Optional, Union", "import msgspec",
         "from agentrl_sglang_msgspec_utils import msgspec_struct_pydantic_core_schema",
-        *(_cut(files[SGLANG_IO_STRUCT], cls) for cls in _SGLANG_CUT)])
-    sys.modules["agentrl_sglang_msgspec_utils"] = utils
-    models = _load_module("agentrl_sglang_io_struct", source, str(files[SGLANG_IO_STRUCT]))
+        *(_cut(io_struct, cls) for cls in _SGLANG_CUT)])
+    models = _load_module("agentrl_sglang_io_struct", source, str(io_struct))
     classes = {path: getattr(models, name) for path, name in SGLANG_MODELS.items()}
-    root = SGLANG_CONTROL.root(files)
     return ControlValidator(_pydantic_check(classes), f"sglang {SGLANG_VERSION} io_struct ({root})")
 
 
