@@ -281,6 +281,10 @@ class HTTPEngine:
             await self._verify_version(version)
             self._version = version
             self.stats.weight_updates += 1
+            if self._adapter is not None:  # full weights replace the adapter: later requests go to the new base
+                self._stale_adapters.append(self._adapter)
+                self._adapter = None
+            await self._unload_stale()
 
     async def load_adapter(self, path: str | os.PathLike[str], version: int) -> None:
         """Load the LoRA adapter dir `path` (visible to every worker) on every worker, tagged `version`; later
@@ -293,19 +297,22 @@ class HTTPEngine:
         async with self._gate.closed():
             await self._load_adapter_everywhere(name, os.fspath(path), version)
             await self._verify_version(version)
-            old, self._adapter, self._version = self._adapter, name, version
+            if self._adapter is not None and self._adapter != name:
+                self._stale_adapters.append(self._adapter)
+            self._adapter, self._version = name, version
             self.stats.weight_updates += 1
-            for stale in [*self._stale_adapters, *([old] if old and old != name else [])]:
-                try:
-                    await self._unload_adapter_everywhere(stale)
-                except EngineError as exc:  # the new adapter serves; an old one left loaded only costs memory
-                    self.log.warning("%s: unloading LoRA adapter %s failed (retried on the next update): %s",
-                                     self.name, stale, exc)
-                    if stale not in self._stale_adapters:
-                        self._stale_adapters.append(stale)
-                else:
-                    if stale in self._stale_adapters:
-                        self._stale_adapters.remove(stale)
+            await self._unload_stale()
+
+    async def _unload_stale(self) -> None:
+        """Unload the adapters no request names any more; one that fails stays listed for the next update."""
+        for stale in list(self._stale_adapters):
+            try:
+                await self._unload_adapter_everywhere(stale)
+            except EngineError as exc:  # the new weights serve; an old adapter left loaded only costs memory
+                self.log.warning("%s: unloading LoRA adapter %s failed (retried on the next update): %s",
+                                 self.name, stale, exc)
+            else:
+                self._stale_adapters.remove(stale)
 
     async def _load_everywhere(self, path: str, version: int) -> None:
         raise NotImplementedError  # pragma: no cover - the subclass's update endpoints

@@ -302,6 +302,31 @@ async def test_in_flight_turns_rerun_with_the_new_adapter(face: str, mode: str, 
     assert gens[0].output_ids == expected.output_ids, "the re-run used the trained (merged) weights"
 
 
+async def test_full_weights_after_an_adapter_go_to_the_base_model(tiny_model_path: Path, smollm2_path: Path,
+                                                                  tmp_path: Path,
+                                                                  control_validators: tuple[ControlValidator,
+                                                                                            ControlValidator]) -> None:
+    """A full-weight update replaces the adapter: later requests name none, and the adapter is unloaded."""
+    from agentrl.testing.models import make_tiny_model
+
+    model2 = make_tiny_model(tmp_path / "m2", tokenizer_from=smollm2_path, seed=1)
+    path = AdapterWeightSync(SimpleNamespace(load_adapter=print), None, tmp_path / "w").save(
+        FakeTrainer(lora_model(tiny_model_path, seed=6)), 1)
+    async with _served("sglang", tiny_model_path, control_validators[0]) as (client, standin, engine):
+        await client.load_adapter(str(path), 1)
+        await client.generate(PROMPT, GREEDY, session_id="a")
+        await client.update_weights(str(model2), 2)
+        gen = await client.generate(PROMPT, GREEDY, session_id="a")
+        log, adapters, adapter = list(standin.request_log), dict(standin.adapters), client.adapter
+        held = engine_weights(engine)
+    assert gen.weight_version == 2 and adapter is None and adapters == {}
+    assert log[-1]["lora_path"] is None and log[-1]["weight_version"] == "2" and log[-2]["lora_path"] is not None
+    from transformers import AutoModelForCausalLM
+
+    new = AutoModelForCausalLM.from_pretrained(model2).state_dict()
+    assert all(torch.equal(held[k], v) for k, v in new.items())
+
+
 def test_standins_refuse_what_the_servers_models_refuse(tiny_model_path: Path, loop: Any,
                                                         control_validators: tuple[ControlValidator,
                                                                                   ControlValidator]) -> None:
