@@ -445,7 +445,7 @@ class LocalEngine:
             if name not in self._adapter_base:
                 self._adapter_base[name] = params[name].detach().clone()
         for name, base in self._adapter_base.items():
-            params[name].copy_(base + deltas[name].to(base.dtype) if name in deltas else base)
+            params[name].copy_(base + deltas[name].to(base.device, base.dtype) if name in deltas else base)
 
     def _rows(self) -> list[_Row]:
         """Every row being decoded (shared batch and, in deterministic mode, the single-row batches)."""
