@@ -32,6 +32,9 @@ class GenerationEngine(Protocol):
         """Load new weights (a state dict / model in-process, or a checkpoint path) tagged `version`."""
         ...
 
+    # LoRA runs (`weight_sync: adapter`) also need `async load_adapter(path, version)`: the local, sglang and vllm
+    # engines apply a PEFT adapter dir on top of their base weights; an engine without it is refused with a fix.
+
     async def health(self) -> bool: ...
 
     async def close(self) -> None: ...

@@ -10,6 +10,8 @@ generate loop, control calls fanned out to every worker with bounded retries, we
     _parse(data, url)                           the server's answer -> Generation (finish, ids, logprobs, version)
     _worker_info(url) / _adopt(infos)           which endpoints tell the window, version and served model
     _load_everywhere(path, v) / _verify_version(v)   the server's weight-update endpoints
+    _load_adapter_everywhere(name, path, v) / _unload_adapter_everywhere(name) / _adapter_fields(name)
+                                                the server's LoRA endpoints and how a request names the adapter
     generate_path, request_id_field, session_header, health_path, errors (its HTTP error classes), and its
     control calls (pause, resume, flush, ...)
 
@@ -26,6 +28,12 @@ One generate call, by attempt:
 Weight update (`update_weights(path, version)`): with the gate closed, `_load_everywhere` on every worker, then
 `_verify_version` on every worker, then later turns are tagged `version`. Client-side timeouts and cancellation
 close the connection; the servers abort a request whose client disconnected.
+
+LoRA adapter update (`load_adapter(path, version)`, `weight_sync: adapter`): the same gate, but only the adapter dir
+(adapter_model.safetensors + adapter_config.json) travels: `_load_adapter_everywhere` loads it on every worker under
+a new name `<adapter_prefix>-v<version>` and sets the weight-version label, `_verify_version` checks the label, then
+every later request names the new adapter (added per attempt, after the gate, so a re-submitted request never names
+an old one) and the previous adapter is unloaded. Turns are tagged exactly as with full weights.
 """
 
 from __future__ import annotations
@@ -122,6 +130,9 @@ class HTTPEngine:
         self._connected = False
         self._connect_lock: asyncio.Lock | None = None
         self._gate = WeightGate()
+        self.adapter_prefix = f"agentrl-{uuid.uuid4().hex[:8]}"  # adapter names of this client: unique per run
+        self._adapter: str | None = None  # the LoRA adapter later requests name (None: the base model)
+        self._stale_adapters: list[str] = []  # adapters whose unload failed (retried on the next update)
 
     def _check_options(self) -> None:
         """The subclass's own option checks (run before the common ones)."""
@@ -137,6 +148,11 @@ class HTTPEngine:
             raise EngineError(f"{self.name} engine: context window unknown; await engine.connect() or set "
                               "engine.context_window")
         return self._context_window
+
+    @property
+    def adapter(self) -> str | None:
+        """The name of the LoRA adapter requests carry now (None: the base model)."""
+        return self._adapter
 
     @property
     def workers(self) -> list[str]:
@@ -230,6 +246,8 @@ class HTTPEngine:
 
     async def _generate_once(self, url: str, body: dict[str, Any], session_id: str) -> Generation:
         payload = {**body, self.request_id_field: uuid.uuid4().hex}
+        if self._adapter is not None:  # read per attempt, after the gate: never an adapter that was replaced
+            payload.update(self._adapter_fields(self._adapter))
         headers = {self.session_header: session_id}
         self.stats.requests += 1
         if self._router is None:
@@ -263,9 +281,50 @@ class HTTPEngine:
             await self._verify_version(version)
             self._version = version
             self.stats.weight_updates += 1
+            if self._adapter is not None:  # full weights replace the adapter: later requests go to the new base
+                self._stale_adapters.append(self._adapter)
+                self._adapter = None
+            await self._unload_stale()
+
+    async def load_adapter(self, path: str | os.PathLike[str], version: int) -> None:
+        """Load the LoRA adapter dir `path` (visible to every worker) on every worker, tagged `version`; later
+        requests name it and the previous adapter is unloaded."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise ConfigError(f"{self.name} engine: load_adapter needs an adapter directory saved with peft's "
+                              f"save_pretrained (got {type(path).__name__})")
+        await self.connect()
+        name = f"{self.adapter_prefix}-v{version}"
+        async with self._gate.closed():
+            await self._load_adapter_everywhere(name, os.fspath(path), version)
+            await self._verify_version(version)
+            if self._adapter is not None and self._adapter != name:
+                self._stale_adapters.append(self._adapter)
+            self._adapter, self._version = name, version
+            self.stats.weight_updates += 1
+            await self._unload_stale()
+
+    async def _unload_stale(self) -> None:
+        """Unload the adapters no request names any more; one that fails stays listed for the next update."""
+        for stale in list(self._stale_adapters):
+            try:
+                await self._unload_adapter_everywhere(stale)
+            except EngineError as exc:  # the new weights serve; an old adapter left loaded only costs memory
+                self.log.warning("%s: unloading LoRA adapter %s failed (retried on the next update): %s",
+                                 self.name, stale, exc)
+            else:
+                self._stale_adapters.remove(stale)
 
     async def _load_everywhere(self, path: str, version: int) -> None:
         raise NotImplementedError  # pragma: no cover - the subclass's update endpoints
+
+    async def _load_adapter_everywhere(self, name: str, path: str, version: int) -> None:
+        raise ConfigError(f"{self.name} engine: no LoRA adapter loading; use weight_sync: disk")  # pragma: no cover
+
+    async def _unload_adapter_everywhere(self, name: str) -> None:
+        raise NotImplementedError  # pragma: no cover - the subclass's unload endpoint
+
+    def _adapter_fields(self, name: str) -> dict[str, Any]:
+        raise NotImplementedError  # pragma: no cover - how the subclass's requests name an adapter
 
     async def _verify_version(self, version: int) -> None:
         raise NotImplementedError  # pragma: no cover - the subclass's version endpoint

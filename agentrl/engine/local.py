@@ -33,8 +33,12 @@ the prefix cache is off (whether a turn hits it depends on eviction, i.e. timing
 decode steps differs in the last bits from a fresh prefill). A row's ids and logprobs are then a function of its
 input ids, its seed, the weights and torch's thread count only. The cost is throughput (BENCHMARKS.md).
 
-Weight updates drain: `update_weights` stops admission, lets running rows finish with the old weights, applies the
-new weights between steps and resumes. Every Generation is produced by exactly one weight version and tagged with it.
+LoRA adapters (`load_adapter(path, version)`): the adapter's deltas are added to the base weights of the layers it
+adapts (the pre-adapter weights of those layers are kept), replacing the previous adapter; see `lora.py`.
+
+Weight updates drain: `update_weights` (and `load_adapter`) stops admission, lets running rows finish with the old
+weights, applies the new weights between steps and resumes. Every Generation is produced by exactly one weight
+version and tagged with it.
 """
 
 from __future__ import annotations
@@ -105,6 +109,8 @@ class _Update:
     version: int
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[None]
+    deltas: Mapping[str, torch.Tensor] | None = None  # a LoRA adapter: weight = base weight + delta
+    adapter: str | None = None
 
 
 class LocalEngine:
@@ -159,6 +165,8 @@ class LocalEngine:
         self.seed = seed
         self.deterministic = deterministic
         self._version = 0
+        self._adapter: str | None = None
+        self._adapter_base: dict[str, torch.Tensor] = {}  # the pre-adapter weights of the layers adapters touch
         self._stats = EngineStats()
         self._calls: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._cond = threading.Condition()
@@ -226,6 +234,38 @@ class LocalEngine:
             self._updates.append(update)
             self._cond.notify()
         await update.future
+
+    async def load_adapter(self, path: str | os.PathLike[str], version: int, *, name: str | None = None) -> None:
+        """Apply the PEFT LoRA adapter saved at `path` on top of the base weights and tag later generations `version`.
+
+        The base is the weights the engine held before its first adapter (kept for the adapted layers only); each
+        adapter replaces the previous one: weight = base + (B @ A) * scaling, computed like peft's merge, so the
+        engine computes exactly what the trainer's merged model computes. Drains like `update_weights`. A later
+        `update_weights` (full weights) becomes the new base.
+        """
+        from agentrl.engine.lora import adapter_deltas
+
+        deltas = await asyncio.to_thread(adapter_deltas, path)
+        params = dict(self.model.named_parameters())
+        wrong = {k: tuple(v.shape) for k, v in deltas.items() if k not in params or params[k].shape != v.shape}
+        if wrong:
+            raise ConfigError(f"load_adapter: {path} does not fit {self.model_path.name}: "
+                              f"{dict(list(wrong.items())[:5])} (not in the model or of another shape); was it "
+                              "trained on this base model?")
+        loop = asyncio.get_running_loop()
+        update = _Update(state=None, version=version, loop=loop, future=loop.create_future(), deltas=deltas,
+                         adapter=name or str(path))
+        with self._cond:
+            if self._closed:
+                raise EngineUnavailableError("local engine is closed")
+            self._updates.append(update)
+            self._cond.notify()
+        await update.future
+
+    @property
+    def adapter(self) -> str | None:
+        """The adapter applied now (its name or path), None for plain weights."""
+        return self._adapter
 
     async def health(self) -> bool:
         return self._thread.is_alive() and not self._closed
@@ -384,13 +424,28 @@ class LocalEngine:
             self._prefix.clear()  # keys/values computed by the old weights are stale
         for update in updates:
             try:
-                if update.state is not None:
+                if update.deltas is not None:
+                    self._apply_adapter(update.deltas)
+                    self._adapter = update.adapter
+                elif update.state is not None:
                     with torch.no_grad():
                         self.model.load_state_dict(update.state, strict=True)
+                    self._adapter_base.clear()  # the new full weights are the base of a later adapter
+                    self._adapter = None
                 self._version = update.version
                 _settle(update.loop, update.future, None, None)
             except Exception as exc:  # noqa: BLE001 - reported to the caller of update_weights
                 _settle(update.loop, update.future, None, ConfigError(f"update_weights failed: {exc}"))
+
+    @torch.no_grad()
+    def _apply_adapter(self, deltas: Mapping[str, torch.Tensor]) -> None:
+        """weight = base + delta for the adapter's layers; layers only a previous adapter touched get their base."""
+        params = dict(self.model.named_parameters())
+        for name in deltas:
+            if name not in self._adapter_base:
+                self._adapter_base[name] = params[name].detach().clone()
+        for name, base in self._adapter_base.items():
+            params[name].copy_(base + deltas[name].to(base.device, base.dtype) if name in deltas else base)
 
     def _rows(self) -> list[_Row]:
         """Every row being decoded (shared batch and, in deterministic mode, the single-row batches)."""

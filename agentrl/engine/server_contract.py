@@ -11,7 +11,8 @@ Where the files come from, first hit wins:
     $<env_var>                        a directory holding the files (e.g. an unpacked wheel); with one file, the
                                       path of that file itself
     an installed distribution         <site-packages>/<package>/... (located with importlib, not imported)
-    <cache>/<package>/<version>/      written by `fetch()`
+    <cache>/<package>/<version>/      written by `fetch()` (several contracts of one package share it: a fetch
+                                      adds its files beside the others', each file replaced atomically)
 """
 
 from __future__ import annotations
@@ -108,8 +109,14 @@ class ServerContract:
                     (partial / member).parent.mkdir(parents=True, exist_ok=True)
                     with wheel.open(member) as src, (partial / member).open("wb") as dst:
                         shutil.copyfileobj(src, dst)
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(partial, target)
+            if target.is_dir():  # another contract of this package keeps its files here: add ours beside them
+                for member in self.members:
+                    (target / member).parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(partial / member, target / member)
+                shutil.rmtree(partial, ignore_errors=True)
+            else:
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(partial, target)
         return target
 
     def main(self, argv: list[str] | None = None) -> int:

@@ -17,6 +17,16 @@ Weight update (`update_weights(path, version)`), on every worker, while our new 
     weight_update="abort_all": /update_weights_from_disk {"abort_all_requests": true}
 then `/model_info` on every worker must report the new `weight_version`.
 
+LoRA adapter update (`load_adapter(path, version)`, `weight_sync: adapter`; the server runs `--enable-lora` with
+`--max-lora-rank` / `--lora-target-modules` covering the adapter), on every worker, behind the same gate:
+    weight_update="pause":     /pause_generation {"mode": "abort"} -> /load_lora_adapter {"lora_name", "lora_path"}
+                               -> /update_weight_version {"new_version", "abort_all_requests": false} -> (always)
+                               /continue_generation
+    weight_update="abort_all": /load_lora_adapter -> /update_weight_version {"abort_all_requests": true}
+then `/model_info` must report the new `weight_version`, later /generate bodies carry `lora_path: <adapter name>`,
+and the previous adapter is unloaded (/unload_lora_adapter {"lora_name"}). The radix cache keys by adapter, so no
+flush is needed.
+
 Seeds. A sampled request with `SamplingParams.seed` carries `sampling_params.sampling_seed`. With
 `deterministic=True` it is that seed exactly (the runner derives one per turn, runner/seeds.py); otherwise a per-turn
 seed mixed from (seed, session, context length). SGLang honours `sampling_seed` only when the server runs
@@ -140,6 +150,26 @@ class SGLangEngine(HTTPEngine):
             await self._on_workers("POST", "/update_weights_from_disk", body)
         finally:
             await self._on_workers("POST", "/continue_generation", {})  # never leave a worker paused
+
+    async def _load_adapter_everywhere(self, name: str, path: str, version: int) -> None:
+        load = {"lora_name": name, "lora_path": path}
+        label = {"new_version": str(version), "abort_all_requests": self.weight_update == "abort_all"}
+        if self.weight_update == "abort_all":
+            await self._on_workers("POST", "/load_lora_adapter", load)
+            await self._on_workers("POST", "/update_weight_version", label)
+            return
+        try:
+            await self._on_workers("POST", "/pause_generation", {"mode": "abort"})
+            await self._on_workers("POST", "/load_lora_adapter", load)
+            await self._on_workers("POST", "/update_weight_version", label)
+        finally:
+            await self._on_workers("POST", "/continue_generation", {})  # never leave a worker paused
+
+    async def _unload_adapter_everywhere(self, name: str) -> None:
+        await self._on_workers("POST", "/unload_lora_adapter", {"lora_name": name})
+
+    def _adapter_fields(self, name: str) -> dict[str, Any]:
+        return {"lora_path": name}  # GenerateReqInput.lora_path: the name of a loaded adapter
 
     async def _verify_version(self, version: int) -> None:
         infos = await self._on_workers("GET", "/model_info")

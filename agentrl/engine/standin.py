@@ -4,13 +4,17 @@ The SGLang face of the one stand-in server (`standin_core.StandInCore`, which ow
 resume gate, weight labels, the request log, the TCP server and `serve`). Owns: the aiohttp routes that answer like
 an SGLang worker (same paths, bodies, status codes and error texts), so the `sglang` engine, sglang-router and the
 weight-sync path are exercised on a CPU. Every `/generate` body is judged by SGLang's own generated contract
-(`sglang_contract.py`): a wrong field is the same HTTP 400 with the same text as on the real server. Does not own
+(`sglang_contract.py`): a wrong field is the same HTTP 400 with the same text as on the real server; the LoRA and
+weight-version bodies by SGLang's own io_struct request models (`lora_contract.py`). Does not own
 generation (LocalEngine) or the contract itself.
 
     POST /generate                 input_ids only (token in), one sequence, non-streamed; return_logprob
     POST /update_weights_from_disk model_path, weight_version, abort_all_requests (LocalEngine drains the rest)
     POST /pause_generation         mode "abort" aborts in-flight requests; every mode holds new ones until continue
     POST /continue_generation
+    POST /load_lora_adapter        lora_name, lora_path: the adapter applied to the engine (a new engine version)
+    POST /unload_lora_adapter      lora_name
+    POST /update_weight_version    new_version, abort_all_requests
     POST /abort_request            rid (prefix match) or abort_all
     GET|POST /flush_cache          400 while requests run, like SGLang
     GET  /health, /health_generate one greedy token, 503 on failure
@@ -19,9 +23,10 @@ generation (LocalEngine) or the contract itself.
 
 Differences from SGLang, on purpose: the prefix cache is per routing key (X-SMG-Routing-Key, else per rid) instead
 of a global radix tree; an aborted request returns no partial tokens; pause modes "retract"/"in_place" let running
-requests finish. Sampling features the LocalEngine lacks (penalties, min_p, stop strings, grammars...) are refused
-with a 400 naming them rather than ignored. `echo=True` (benchmarks only) answers every admitted request with one
-token (the last input id) without a model, so a client's own overhead can be measured.
+requests finish; the engine applies one LoRA adapter at a time, so a request must name the adapter loaded last (or
+none before any), else a 400 saying so. Sampling features the LocalEngine lacks (penalties, min_p, stop strings,
+grammars...) are refused with a 400 naming them rather than ignored. `echo=True` (benchmarks only) answers every
+admitted request with one token (the last input id) without a model, so a client's own overhead can be measured.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agentrl.engine.lora_contract import ControlValidator, sglang_control_validator
 from agentrl.engine.sglang_contract import SGLANG_VERSION, GenerateValidator, generate_validator
 from agentrl.engine.standin_core import StandInCore, StandInServer, json_object, serve_face
 from agentrl.errors import ConfigError
@@ -65,6 +71,7 @@ class _Request:
     return_logprob: bool
     routing_key: str | None
     stop_ids: list[int] = field(default_factory=list)
+    lora_path: str | None = None  # the adapter the request names
 
 
 class StandIn(StandInCore):
@@ -75,13 +82,15 @@ class StandIn(StandInCore):
 
     def __init__(self, engine: Any, *, model_path: str | Path, validator: GenerateValidator, worker_id: str,
                  weight_version: str = "default", tokenizer: Any = None, echo: bool = False,
-                 context_window: int | None = None, max_log: int = 100_000) -> None:
+                 context_window: int | None = None, max_log: int = 100_000,
+                 control_validator: ControlValidator | None = None) -> None:
         if engine is None and not echo:
             raise ConfigError("stand-in: an engine is required unless echo=True")
         super().__init__(engine, model_path=model_path, validator=validator, worker_id=worker_id, tokenizer=tokenizer,
                          context_window=context_window, label=weight_version, max_log=max_log)
         self.echo = echo
         self._started = time.time()
+        self.control_validator = control_validator or sglang_control_validator()
 
     def routes(self, r: web.UrlDispatcher) -> None:
         r.add_post("/generate", self.generate)
@@ -90,6 +99,9 @@ class StandIn(StandInCore):
         r.add_post("/pause_generation", self.pause_generation)
         r.add_post("/continue_generation", self.continue_generation)
         r.add_post("/abort_request", self.abort_request)
+        r.add_post("/load_lora_adapter", self.load_lora_adapter)
+        r.add_post("/unload_lora_adapter", self.unload_lora_adapter)
+        r.add_post("/update_weight_version", self.update_weight_version)
         r.add_route("*", "/flush_cache", self.flush_cache)
         for path in ("/health", "/health_generate"):
             r.add_get(path, self.health)
@@ -142,8 +154,17 @@ class StandIn(StandInCore):
             raise ValueError("the stand-in takes one rid string")  # noqa: TRY004 - answered as a 400, like SGLang
         if rid in self._inflight:
             raise ValueError(f"Duplicate request ID: {rid}")
+        lora = body.get("lora_path")
+        if lora is not None and not isinstance(lora, str):
+            raise ValueError("the stand-in takes one lora_path string")  # noqa: TRY004 - answered as a 400
+        if lora is not None and lora not in self.adapters:
+            raise ValueError(f"Got LoRA adapter that has never been loaded: {lora}\n"  # SGLang's own text
+                             f"All loaded adapters: {self.adapters.keys()}.")
+        refusal = None if self.echo else self._adapter_refusal(lora)
+        if refusal:
+            raise ValueError(refusal)
         return _Request(rid=rid, ids=list(ids), sampling=sampling, routing_key=routing_key,
-                        return_logprob=bool(body.get("return_logprob")))
+                        return_logprob=bool(body.get("return_logprob")), lora_path=lora)
 
     def _sampling(self, p: dict[str, Any], n_input: int) -> SamplingParams:
         refused = [k for k in _UNSUPPORTED if p.get(k) not in (None, [], "")]
@@ -198,7 +219,8 @@ class StandIn(StandInCore):
         return {"text": text, "output_ids": gen.output_ids, "meta_info": meta}
 
     def _log(self, req: _Request, gen: Generation, label: str) -> None:
-        self._record({"rid": req.rid, "routing_key": req.routing_key, "prompt_tokens": len(req.ids),
+        self._record({"rid": req.rid, "routing_key": req.routing_key, "lora_path": req.lora_path,
+                      "prompt_tokens": len(req.ids),
                       "cached_tokens": gen.cached_tokens, "completion_tokens": len(gen.output_ids),
                       "finish": gen.finish_reason, "weight_version": label})
         log.info("generate rid=%s worker=%s key=%s prompt=%d cached=%d out=%d finish=%s version=%s", req.rid,
@@ -226,6 +248,53 @@ class StandIn(StandInCore):
         if label is not None:
             message += f" Weight version updated to {label}."
         return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
+
+    async def _control_body(self, request: web.Request) -> tuple[dict[str, Any], web.Response | None]:
+        """The body of a control call judged by SGLang's own request model: (body, None) or (_, the 400)."""
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            return {}, _error(f"the request body is not JSON: {exc}")
+        verdict = self.control_validator.check(request.path, body)
+        if verdict is not None:  # SGLang's RequestValidationError handler: 400, ErrorResponse shape
+            return {}, web.json_response({"object": "error", "message": verdict, "type": "Bad Request",
+                                          "param": None, "code": 400}, status=400)
+        return body, None
+
+    async def load_lora_adapter(self, request: web.Request) -> web.Response:
+        body, refused = await self._control_body(request)
+        if refused is not None:
+            return refused
+        name, path = body["lora_name"], body["lora_path"]
+        if name in self.adapters:
+            return _lora_result(f"Failed to load LoRA adapter {name}: an adapter with this name is already loaded",
+                                self.adapters)
+        if self.engine is None:
+            return _lora_result("the echo stand-in has no model to apply an adapter to", self.adapters)
+        try:
+            await self._load_adapter(name, path)
+        except Exception as exc:  # noqa: BLE001 - SGLang answers success=false, old weights kept
+            return _lora_result(f"Failed to load LoRA adapter {name} from {path}: {exc}", self.adapters)
+        return _lora_result(None, self.adapters)
+
+    async def unload_lora_adapter(self, request: web.Request) -> web.Response:
+        body, refused = await self._control_body(request)
+        if refused is not None:
+            return refused
+        if self.adapters.pop(body["lora_name"], None) is None:
+            return _lora_result(f"LoRA adapter {body['lora_name']} is not loaded", self.adapters)
+        return _lora_result(None, self.adapters)
+
+    async def update_weight_version(self, request: web.Request) -> web.Response:
+        body, refused = await self._control_body(request)
+        if refused is not None:
+            return refused
+        if body.get("abort_all_requests", True):  # UpdateWeightVersionReqInput's default
+            self._abort("", abort_all=True, message="Abort due to weight version update")
+        self.label = body["new_version"]
+        self._labels[self.engine.weight_version if self.engine is not None else 0] = self.label
+        return web.json_response({"success": True, "message": f"Weight version updated to {self.label}",
+                                  "new_version": self.label})
 
     async def pause_generation(self, request: web.Request) -> web.Response:
         mode = (await json_object(request)).get("mode", "abort")
@@ -283,6 +352,12 @@ class StandIn(StandInCore):
             "enable_deterministic_inference": bool(getattr(self.engine, "deterministic", False)),
             "internal_states": [{}],
         })
+
+
+def _lora_result(error: str | None, adapters: dict[str, str]) -> web.Response:
+    """SGLang's LoRAUpdateOutput: 200 on success, 400 with success=false otherwise."""
+    return web.json_response({"success": error is None, "error_message": error, "loaded_adapters": dict(adapters),
+                              "rid": None, "http_worker_ipc": None}, status=200 if error is None else 400)
 
 
 def _error(message: str, status: int = 400) -> web.Response:

@@ -2,11 +2,12 @@
 vLLM's /v1/completions and dev control endpoints), over the LocalEngine.
 
 Owns what both faces do alike: the state (engine, request log, in-flight table, the resume gate, weight-version
-labels by engine version), running one generation as a cancellable in-flight task (a client that goes away stops
-it; an abort ends it with finish "abort"), aborting in-flight requests, loading weights under a new engine version,
-clearing the prefix cache, the `/agentrl/requests` log endpoint, the TCP server (`StandInServer`) and
-`serve_face()` behind `agentrl engine serve [--api sglang|vllm]`. A face owns its paths, request admission, answer
-shapes and error texts (those of the server it imitates) and its contract validator.
+labels by engine version, loaded LoRA adapters), running one generation as a cancellable in-flight task (a client
+that goes away stops it; an abort ends it with finish "abort"), aborting in-flight requests, loading weights or a
+LoRA adapter under a new engine version, clearing the prefix cache, the `/agentrl/requests` log endpoint, the TCP
+server (`StandInServer`) and `serve_face()` behind `agentrl engine serve [--api sglang|vllm]`. A face owns its
+paths, request admission, answer shapes and error texts (those of the server it imitates) and its contract
+validators (generate bodies; LoRA control bodies: `lora_contract.py`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class StandInCore:
         self.label = label  # the weight-version label reported now
         self._labels: dict[int, str] = {engine.weight_version if engine is not None else 0: label}
         self._inflight: dict[str, InFlight] = {}
+        self.adapters: dict[str, str] = {}  # loaded LoRA adapters: name -> path
         self._resumed = asyncio.Event()
         self._resumed.set()
 
@@ -107,6 +109,29 @@ class StandInCore:
         await self.engine.update_weights(path, version)
         self._labels[version] = self.label
         return version
+
+    async def _load_adapter(self, name: str, path: str) -> int:
+        """Apply the LoRA adapter at `path` to the engine under a new engine version (labelled with the current
+        label) and register it as `name`; that version. The engine applies one adapter at a time: requests must name
+        the one it serves (`_adapter_refusal`)."""
+        version = max(self._labels) + 1
+        await self.engine.load_adapter(path, version, name=name)
+        self._labels[version] = self.label
+        self.adapters[name] = path
+        return version
+
+    def _adapter_refusal(self, named: str | None) -> str | None:
+        """Why a request naming adapter `named` (None: the base model) cannot be served by this stand-in, or None.
+        (The real servers hold several adapters next to the base model; the stand-in's engine holds one.)"""
+        serving = self.engine.adapter if self.engine is not None else None
+        if named == serving:
+            return None
+        if named is None:
+            return (f"the agentrl stand-in serves LoRA adapter {serving!r} now, not the base model: name the adapter "
+                    "in the request")
+        if named not in self.adapters:
+            return None  # unknown: the face answers with its server's own error
+        return f"the agentrl stand-in serves only its newest LoRA adapter ({serving!r}), not {named!r}"
 
     async def _clear_prefix_cache(self) -> None:
         if self.engine is not None:  # passing the engine its own model only clears the prefix cache

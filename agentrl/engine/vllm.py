@@ -19,6 +19,13 @@ Weight update (`update_weights(path, version)`), on every server, while our new 
     -> POST /reset_prefix_cache -> POST /update_weight_version {"new_version": "<version>"} -> (always, even on
     failure) POST /resume; then GET /weight_info on every server must report the new version.
 These endpoints exist only with VLLM_SERVER_DEV_MODE=1 (vLLM 0.33.0: rl/online/api_router.py, serve/dev/...).
+
+LoRA adapter update (`load_adapter(path, version)`, `weight_sync: adapter`; the server runs `--enable-lora
+--max-lora-rank R` with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True), on every server, behind the same gate:
+    POST /pause?mode=... -> POST /v1/load_lora_adapter {"lora_name", "lora_path"} -> POST /update_weight_version
+    -> (always) POST /resume; then GET /weight_info must report the new version, later requests name the adapter in
+    `model`, and the previous adapter is unloaded (POST /v1/unload_lora_adapter {"lora_name"}). vLLM's prefix cache
+    keys by adapter, so no reset is needed.
 """
 
 from __future__ import annotations
@@ -174,6 +181,20 @@ class VLLMEngine(HTTPEngine):
         finally:
             await self._on_workers("POST", "/resume")  # never leave a server paused
 
+    async def _load_adapter_everywhere(self, name: str, path: str, version: int) -> None:
+        try:
+            await self._on_workers("POST", f"/pause?mode={self.pause_mode}")
+            await self._on_workers("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+            await self._on_workers("POST", "/update_weight_version", {"new_version": str(version)})
+        finally:
+            await self._on_workers("POST", "/resume")  # never leave a server paused
+
+    async def _unload_adapter_everywhere(self, name: str) -> None:
+        await self._on_workers("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+
+    def _adapter_fields(self, name: str) -> dict[str, Any]:
+        return {"model": name}  # vLLM serves a loaded LoRA adapter under its name as a model
+
     async def _verify_version(self, version: int) -> None:
         infos = await self._on_workers("GET", "/weight_info")
         wrong = {u: (i or {}).get("weight_version") for u, i in infos.items()
@@ -194,8 +215,10 @@ class VLLMEngine(HTTPEngine):
         return await self._on_workers("GET", "/weight_info")
 
     def _failure_hint(self, failed: dict[str, BaseException]) -> str:
-        return " (404: start vLLM with VLLM_SERVER_DEV_MODE=1)" if any(
-            isinstance(e, VLLMHTTPError) and e.status == 404 for e in failed.values()) else ""
+        missing = [e for e in failed.values() if isinstance(e, VLLMHTTPError) and e.status == 404]
+        if any(e.url.endswith("/v1/load_lora_adapter") for e in missing):
+            return " (404: start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
+        return " (404: start vLLM with VLLM_SERVER_DEV_MODE=1)" if missing else ""
 
     # ------------------------------------------------------------------------------------------- connect
     async def _worker_info(self, url: str) -> dict[str, Any]:

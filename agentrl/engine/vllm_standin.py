@@ -5,7 +5,8 @@ resume gate, weight labels, the request log, the TCP server and `serve`). Owns: 
 `VLLM_SERVER_DEV_MODE=1 vllm serve` (same paths, bodies, status codes, error shape {"error": {"message", "type",
 "param", "code"}}), so the `vllm` engine and the weight-sync path are exercised on a CPU. Every `/v1/completions`
 body is judged by vLLM's own request models (`vllm_contract.py`: CompletionRequest + SamplingParams verification)
-before anything runs. Does not own generation (LocalEngine) or the contract.
+before anything runs; the LoRA bodies by vLLM's own LoRA request models (`lora_contract.py`). Does not own
+generation (LocalEngine) or the contract.
 
     POST /v1/completions        token-id prompt only, n=1, non-streamed; logprobs 0, return_token_ids,
                                 return_tokens_as_token_ids, return_weight_versions; usage.prompt_tokens_details
@@ -15,12 +16,15 @@ before anything runs. Does not own generation (LocalEngine) or the contract.
     POST /collective_rpc        only {"method": "reload_weights", "kwargs": {"weights_path": ...}}
     POST /reset_prefix_cache    {"success": false} while requests run
     POST /update_weight_version, GET /weight_info, POST /abort_requests
+    POST /v1/load_lora_adapter, /v1/unload_lora_adapter   lora_name, lora_path (VLLM_ALLOW_RUNTIME_LORA_UPDATING):
+                                the adapter applied to the engine; requests name it in `model`; /v1/models lists it
     GET  /agentrl/requests      this stand-in's request log (request_id, session, cached tokens, version, ...)
 
 Differences from vLLM, on purpose: unknown request fields are refused (vLLM ignores them: see vllm_contract.py);
 the prefix cache is per session (`session_id` / X-Session-ID) instead of global; an aborted request returns no
 partial tokens; sampling features the LocalEngine lacks (penalties, min_p, stop strings, logit_bias...) are refused
-with a 400 naming them rather than ignored.
+with a 400 naming them rather than ignored; the engine applies one LoRA adapter at a time, so a request must name
+the adapter loaded last (or the base model before any), else a 400 saying so.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agentrl.engine.lora_contract import ControlValidator, vllm_lora_validator
 from agentrl.engine.standin_core import StandInCore, StandInServer, json_object, serve_face
 from agentrl.engine.vllm_contract import VLLM_VERSION, CompletionValidator, completion_validator
 from agentrl.errors import ConfigError
@@ -60,12 +65,14 @@ class VLLMStandIn(StandInCore):
 
     def __init__(self, engine: Any, *, model_path: str | Path, validator: CompletionValidator, worker_id: str,
                  served_model: str | None = None, tokenizer: Any = None, context_window: int | None = None,
-                 prompt_tokens_details: bool = True, max_log: int = 100_000) -> None:
+                 prompt_tokens_details: bool = True, max_log: int = 100_000,
+                 lora_validator: ControlValidator | None = None) -> None:
         super().__init__(engine, model_path=model_path, validator=validator, worker_id=worker_id, tokenizer=tokenizer,
                          context_window=context_window, max_log=max_log)
         self.served_model = served_model or self.model_path
         self.prompt_tokens_details = prompt_tokens_details  # vLLM's --enable-prompt-tokens-details
         self._paused: str | None = None  # the pause mode while paused
+        self.lora_validator = lora_validator or vllm_lora_validator()
 
     def routes(self, r: web.UrlDispatcher) -> None:
         r.add_post("/v1/completions", self.completions)
@@ -80,6 +87,8 @@ class VLLMStandIn(StandInCore):
         r.add_post("/update_weight_version", self.update_weight_version)
         r.add_get("/weight_info", self.weight_info)
         r.add_post("/abort_requests", self.abort_requests)
+        r.add_post("/v1/load_lora_adapter", self.load_lora_adapter)
+        r.add_post("/v1/unload_lora_adapter", self.unload_lora_adapter)
 
     # ------------------------------------------------------------------------------------------- completions
     async def completions(self, request: web.Request) -> web.Response:
@@ -94,6 +103,12 @@ class VLLMStandIn(StandInCore):
             ids, sampling = self._admit(body)
         except ValueError as exc:
             return _error(str(exc))
+        model = body.get("model")
+        if model is not None and model != self.served_model and model not in self.adapters:  # vLLM's check_model
+            return _error(f"The model `{model}` does not exist.", status=404, err_type="NotFoundError")
+        refusal = self._adapter_refusal(model if model in self.adapters else None)
+        if refusal:
+            return _error(refusal)
         if self._paused in ("abort", "wait"):
             return _error("Generation is paused; please retry", status=503, err_type="ServiceUnavailableError")
         await self._resumed.wait()  # pause mode "keep": queued until /resume
@@ -161,7 +176,8 @@ class VLLMStandIn(StandInCore):
                                  "total_tokens": len(ids) + len(out), "prompt_tokens_details": None}
         if self.prompt_tokens_details:
             usage["prompt_tokens_details"] = {"cached_tokens": gen.cached_tokens}
-        self._record({"request_id": request_id, "session": session, "prompt_tokens": len(ids),
+        self._record({"request_id": request_id, "session": session, "model": body.get("model"),
+                      "prompt_tokens": len(ids),
                       "cached_tokens": gen.cached_tokens, "completion_tokens": len(gen.output_ids),
                       "finish": gen.finish_reason, "weight_version": label})
         return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": int(time.time()),
@@ -183,7 +199,9 @@ class VLLMStandIn(StandInCore):
     async def models(self, request: web.Request) -> web.Response:
         card = {"id": self.served_model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
                 "root": self.model_path, "parent": None, "max_model_len": self.context_window, "permission": []}
-        return web.json_response({"object": "list", "data": [card]})
+        loras = [{**card, "id": name, "root": path, "parent": self.served_model}
+                 for name, path in self.adapters.items()]
+        return web.json_response({"object": "list", "data": [card, *loras]})
 
     async def pause(self, request: web.Request) -> web.Response:
         mode = request.query.get("mode", "abort")
@@ -231,6 +249,44 @@ class VLLMStandIn(StandInCore):
             return web.json_response({"success": False})
         await self._clear_prefix_cache()
         return web.json_response({"success": True})
+
+    async def _lora_body(self, request: web.Request) -> tuple[dict[str, Any], web.Response | None]:
+        """A LoRA call's body judged by vLLM's own request model: (body, None) or (_, the 400)."""
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            return {}, _error(f"the request body is not JSON: {exc}")
+        verdict = self.lora_validator.check(request.path, body)
+        return body, (_error(verdict) if verdict is not None else None)
+
+    async def load_lora_adapter(self, request: web.Request) -> web.Response:
+        body, refused = await self._lora_body(request)
+        if refused is not None:
+            return refused
+        name, path = body["lora_name"], body["lora_path"]
+        if not name or not path:  # vLLM's own checks and texts (models/serving.py)
+            return _error("Both 'lora_name' and 'lora_path' must be provided.", err_type="InvalidUserInput")
+        if name == self.served_model:
+            return _error(f"The lora adapter '{name}' conflicts with a base model name.", err_type="InvalidUserInput")
+        if name in self.adapters and not body.get("load_inplace"):
+            return _error(f"The lora adapter '{name}' has already been loaded. If you want to load the adapter in "
+                          "place, set 'load_inplace' to True.", err_type="InvalidUserInput")
+        try:
+            await self._load_adapter(name, path)
+        except Exception as exc:  # noqa: BLE001 - vLLM answers the engine's error as a 500
+            return _error(str(exc), status=500, err_type="InternalServerError")
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora_adapter(self, request: web.Request) -> web.Response:
+        body, refused = await self._lora_body(request)
+        if refused is not None:
+            return refused
+        name = body["lora_name"]
+        if not name:
+            return _error("'lora_name' needs to be provided to unload a LoRA adapter.", err_type="InvalidUserInput")
+        if self.adapters.pop(name, None) is None:
+            return _error(f"The lora adapter '{name}' cannot be found.", status=404, err_type="NotFoundError")
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
         new = (await json_object(request)).get("new_version")

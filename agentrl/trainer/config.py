@@ -27,7 +27,8 @@ LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"]
 
 
 class LoraOptions(_Config):
-    """PEFT LoRA adapter (trained instead of the full model). The engine always gets merged full weights."""
+    """PEFT LoRA adapter (trained instead of the full model). The engine gets merged full weights, or with
+    `weight_sync: adapter` the adapter alone."""
 
     r: int = Field(default=16, ge=1)
     alpha: int = Field(default=32, ge=1)
@@ -156,7 +157,9 @@ class TrainConfig(_Config):
     infra_retries: int = Field(default=2, ge=0)
     max_unscored_frac: float = Field(default=0.10, ge=0.0, le=1.0)  # more infra_error than this stops training
     unscored_min_trajectories: int = Field(default=20, ge=1)  # ... once this many trajectories are in
-    weight_sync: Literal["local", "disk"] = "local"  # disk: save (LoRA merged) + engine.update_weights(path)
+    # disk: save full weights (LoRA merged) + engine.update_weights(path); adapter (LoRA only): save the adapter alone
+    # + engine.load_adapter(path) (SGLang/vLLM hot-swap it; the local engine applies it in process)
+    weight_sync: Literal["local", "disk", "adapter"] = "local"
     # -- outputs
     output_dir: Path = Path("runs/train")
     checkpoint_every: int = Field(default=1, ge=1)
@@ -189,6 +192,9 @@ class TrainConfig(_Config):
         if self.sampling.temperature <= 0:
             raise ValueError("sampling.temperature must be > 0 for training (greedy rollouts have no gradient "
                              "signal and TRL divides logits by it); greedy runs belong to `agentrl eval`")
+        if self.weight_sync == "adapter" and self.lora is None:
+            raise ValueError("weight_sync: adapter syncs only a LoRA adapter, but no `lora:` is configured; add "
+                             "`lora: {r: 16, alpha: 32}` (train an adapter) or use weight_sync: disk (full weights)")
         if self.engine.model is not None:
             raise ValueError("engine.model must not be set: set the top-level `model`, which the trainer and the "
                              "engine always share")

@@ -49,7 +49,7 @@ from agentrl.trainer.metrics import MetricsWriter
 from agentrl.trainer.pipeline import PipelineConfig, RolloutPipeline, TaskStream, consumed_slots, sampler_order
 from agentrl.trainer.resume import ResumeState, prepare_resume
 from agentrl.trainer.rollout_func import AgentRollout, env_reward
-from agentrl.trainer.weight_sync import DiskWeightSync, LocalWeightSync, WeightSync
+from agentrl.trainer.weight_sync import AdapterWeightSync, DiskWeightSync, LocalWeightSync, WeightSync
 from agentrl.types import SamplingParams
 
 log = logging.getLogger("agentrl.trainer")
@@ -133,6 +133,8 @@ def task_dataset(tasks: list[Task], batch_size: int) -> Any:
 def _weight_sync(cfg: TrainConfig, engine: Any, loop: BackgroundLoop) -> WeightSync:
     if cfg.weight_sync == "disk":
         return DiskWeightSync(engine, loop, cfg.output_dir / "weights")
+    if cfg.weight_sync == "adapter":
+        return AdapterWeightSync(engine, loop, cfg.output_dir / "weights")
     return LocalWeightSync(engine, loop)
 
 

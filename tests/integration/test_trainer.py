@@ -308,6 +308,34 @@ def test_lora_disk_sync_and_merged_checkpoint(taught_model: Path, tmp_path: Path
     assert all(torch.allclose(reloaded[k], v, atol=1e-6) for k, v in final.items())
 
 
+def test_lora_adapter_sync_trains_with_the_adapter_alone(taught_model: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """weight_sync: adapter in a real GRPO run: each sync writes only the adapter, and the engine's weights are the
+    trained model's merged weights exactly."""
+    from agentrl.trainer.weight_sync import AdapterWeightSync, merged_state_dict
+
+    seen: list[tuple[int, list[str], bool, int]] = []
+    orig_sync = AdapterWeightSync.sync
+
+    def sync(self: Any, trainer: Any, version: int) -> None:
+        orig_sync(self, trainer, version)
+        engine = self.engine.model.state_dict()
+        same = all(torch.equal(engine[k], v) for k, v in merged_state_dict(trainer.model).items())
+        files = sorted(p.name for p in (self.directory / f"adapter-{version:07d}").iterdir())
+        seen.append((version, files, same, self.engine.weight_version))
+
+    monkeypatch.setattr(AdapterWeightSync, "sync", sync)
+    out = tmp_path / "run"
+    run_train(job(taught_model, out, steps=2, batch_size=2, learning_rate=5e-2, weight_sync="adapter",
+                  deterministic=True, lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}))
+    assert [(v, same, held) for v, _, same, held in seen] == [(0, True, 0), (1, True, 1)]
+    assert all("adapter_model.safetensors" in f and "model.safetensors" not in f for _, f, _, _ in seen)
+    assert [p.name for p in (out / "weights").iterdir()] == ["adapter-0000001"]  # older dirs pruned
+    trajs = read_trajectories(out / "trajectories.jsonl")
+    assert {t.step for t in trajs} == {0, 1}
+    assert all(t.turns and all(turn.weight_version == t.step for turn in t.turns) for t in trajs)
+
+
 # -- start-up check ----------------------------------------------------------------------------------------------
 
 def test_startup_check_names_mismatches(taught_model: Path, smollm2_path: Path, tmp_path: Path) -> None:
