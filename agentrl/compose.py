@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,13 +106,17 @@ def select_tasks(env: Env, n: int | None, ids: list[str]) -> list[Task]:
 
 
 def run_env(cfg: RolloutConfig | TrainConfig) -> tuple[Env, list[Task]]:
-    """The job's env and its selected tasks, refused up front when a deadline is shorter than the env needs (cheap:
-    no model, no sandbox)."""
+    """The job's env and its selected tasks, refused up front when a deadline is shorter than the env needs or the
+    sandbox TTL does not cover the budgets (no model, no sandbox). An env with a `prepare(say)` hook (repo_fix:
+    sdists and test venvs) prepares what this machine lacks first, with progress; blocking: call it off the loop."""
     view = rollout_view(cfg)
     env = get_env(view.env, **view.env_options)
     check_time_needs(env, tool_timeout_s=view.budgets.tool_timeout_s,
                      finalize_timeout_s=view.budgets.finalize_timeout_s)
     check_ttl_covers_budgets(view.budgets, view.sandbox)
+    prepare = getattr(env, "prepare", None)  # first use: fetch/build what the tasks need, saying what it does
+    if callable(prepare):
+        prepare(lambda msg: print(msg, file=sys.stderr, flush=True))
     return env, select_tasks(env, view.tasks, view.task_ids)
 
 

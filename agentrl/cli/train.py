@@ -193,7 +193,7 @@ async def eval_parts(cfg: Any, checkpoint: Path, *, env: Any = None, tasks: Any 
     from agentrl.compose import build_run, run_env, select_tasks
 
     if env is None:
-        env, _ = run_env(cfg)
+        env, _ = await asyncio.to_thread(run_env, cfg)
         tasks = select_tasks(env, cfg.eval.tasks, cfg.eval.task_ids)
     return await asyncio.to_thread(build_run, cfg, env=env, tasks=tasks, model=checkpoint, pool=pool)
 

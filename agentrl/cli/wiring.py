@@ -45,7 +45,7 @@ def tune_gc(enabled: bool) -> Any:
 async def run_rollout(cfg: RolloutConfig) -> int:
     console = Console(stderr=True)
     random.seed(cfg.seed)
-    env, tasks = run_env(cfg)
+    env, tasks = await asyncio.to_thread(run_env, cfg)  # may prepare the env's first use (repo_fix: pip)
     store = TrajectoryStore(cfg.out, resume=cfg.resume)  # refuses to clobber an existing file before any work
     with store:
         previous = store.completed()

@@ -141,3 +141,19 @@ def test_repo_fix_prepares_only_the_packages_its_cache_lacks(tmp_path: Path, mon
     said.clear()
     env.prepare(said.append)
     assert said == [] and fetched == keys[1:]  # a prepared cache: nothing fetched, nothing said
+
+
+def test_every_run_entry_point_prepares_the_env_on_first_use(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """rollout, train and eval build their env through the composition root's run_env: an env with a prepare hook
+    (repo_fix on a fresh install) prepares itself there, with progress, instead of stopping with 'run prepare'."""
+    from agentrl.compose import run_env
+    from agentrl.config import RolloutConfig
+
+    marker = tmp_path / "prepared"
+    env_file = tmp_path / "needs_prepare.py"
+    env_file.write_text(ENV_FILE.format(marker=str(marker)))
+    env, tasks = run_env(RolloutConfig(env=f"{env_file}:NeedsPrepare", env_options={"tasks": 3},
+                                       out=tmp_path / "x.jsonl"))
+    assert marker.exists() and len(tasks) == 3
+    assert "fetching task data (first use)" in capsys.readouterr().err
