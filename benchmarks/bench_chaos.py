@@ -89,7 +89,8 @@ def _grader_attacks(entry: str) -> dict[str, list[str]]:
     magic = (f"class Magic:\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
              f"    def __bool__(self): return True\n    def __hash__(self): return 0\n"
              f"def {entry}(*args, **kwargs):\n    return Magic()\n")
-    lying = (f"class LyingInt(int):\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
+    lying = (f"class LyingInt(int):\n    def __eq__(self, other): return True\n"
+             f"    def __ne__(self, other): return False\n"
              f"    __hash__ = int.__hash__\ndef {entry}(*args, **kwargs):\n    return LyingInt(0)\n")
     forged = ("import os, json\nfor fd in range(3, 256):\n    try:\n"
               "        os.write(fd, ('AGENTRL_HARNESS_RESULT ' + json.dumps({'results': []}) + '\\n').encode())\n"
@@ -107,7 +108,8 @@ def _grader_attacks(entry: str) -> dict[str, list[str]]:
                                        "math.isclose = lambda *a, **k: True\n"
                                        f"def {entry}(*a):\n    return None\n"))],
         "planted_modules": [_run(_wrong(entry)),
-                            _run("open('sitecustomize.py', 'w').write('import builtins\\nbuiltins.abs = lambda x: 0\\n')\n"
+                            _run("open('sitecustomize.py', 'w').write("
+                                 "'import builtins\\nbuiltins.abs = lambda x: 0\\n')\n"
                                  "open('evil.pth', 'w').write('import os; os._exit(0)\\n')\n"
                                  "open('json.py', 'w').write('import os; os._exit(0)\\n')\n")],
         "kill_every_process_now": [_run(_wrong(entry)), _run("import os\nos.kill(-1, 9)")],
@@ -698,19 +700,21 @@ def _fault_outcome(run: RunResult, slot: Slot, t: dict[str, Any] | None, infra: 
     ended ok with the honest reward; or, for the reward service, the source retried the scoring and the record
     stayed unscored (infra_error reward_failed, reward None: never a 0) without re-running the episode; or, for a
     blip, the client's own retry absorbed it (ok, attempt 0, the honest reward, the server saw the failed request)."""
-    if t is None:
-        return False, 0, []
-    full = t["status"] == "ok" and _close(t["reward"], honest_reward())
-    first = _first_attempt_id(t)
+    first = _FIRST.get((slot.task_id, slot.sample), "")
     if slot.name in ABSORBED_FAULTS:
         seen = drops[first] if slot.name == "engine_blip" else run.reward_answers.get(first, []).count(503)
-        return full and t["attempt"] == 0 and seen == 1, int(seen > 0), ["absorbed_by_client_retry"] if seen else []
+        full = t is not None and t["status"] == "ok" and _close(t["reward"], honest_reward())
+        ok = full and t is not None and t["attempt"] == 0 and seen == 1
+        return ok, int(seen > 0), ["absorbed_by_client_retry"] if seen else []
     if "@" in slot.name:
         injected = int(rec is not None and rec.delivered)
     elif slot.name == "engine_drop":
         injected = int(drops[first] > 0)
     else:
         injected = int(503 in run.reward_answers.get(first, []))
+    if t is None:
+        return False, injected, [k for k, attempt in infra if attempt == 0]
+    full = t["status"] == "ok" and _close(t["reward"], honest_reward())
     kinds = [k for k, attempt in infra if attempt == 0]
     if t["status"] == "infra_error" and t["attempt"] == 0:
         kinds.append(t["error_kind"] or "")
@@ -719,10 +723,6 @@ def _fault_outcome(run: RunResult, slot: Slot, t: dict[str, Any] | None, infra: 
                          and t["error_kind"] == "reward_failed" and t["reward"] is None
                          and run.reward_answers.get(first, []).count(503) >= 2)
     return bool(injected and (retried_episode or unscored_rescored)), injected, kinds
-
-
-def _first_attempt_id(t: dict[str, Any]) -> str:
-    return _FIRST.get((t["task_id"], t["sample_index"]), "")
 
 
 _FIRST: dict[tuple[str, int], str] = {}
