@@ -63,7 +63,7 @@ from agentrl.envs import get_env
 from agentrl.runner.seeds import IdPlan
 from agentrl.testing.scripted import ScriptedEngine, hermes_call
 
-ENV_OPTIONS = {"source": "easy", "action_format": "hermes", "run_timeout_s": 5}
+ENV_OPTIONS = {"source": "easy", "action_format": "hermes"}  # run_python: the default 10 s per call
 INFRA_RETRIES = 2
 MARKER = "/workspace/.chaos"  # the policy's first command writes its trajectory id here: the host finds its sandbox
 BUSY = "/workspace/.chaos-busy"  # written by a command that then sleeps: the host sees a command running
@@ -275,6 +275,17 @@ def find_agent(traj_id: str) -> int | None:
     return None
 
 
+def _markers() -> dict[int, str]:
+    """What each agent's marker says (or why it cannot be read): the diagnosis of a sandbox not found."""
+    out = {}
+    for pid in _agents():
+        try:
+            out[pid] = Path(f"/proc/{pid}/root{MARKER}").read_text()[:32]
+        except OSError as exc:
+            out[pid] = type(exc).__name__
+    return out
+
+
 def _ppid(pid: int) -> int | None:
     try:
         for row in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -327,14 +338,19 @@ class Injector:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def hit(self, traj_id: str, slot: Slot) -> None:
-        kind, _, timing = slot.name.partition("@")
+    async def locate(self, traj_id: str, slot: Slot) -> tuple[FaultRecord, int | None]:
+        """Find the trajectory's sandbox (its agent's pid) while the model generates its next turn: the trajectory
+        waits for this, so it cannot run ahead of the fault."""
         rec = FaultRecord(traj_id, slot.task_id, slot.sample, slot.name, time.perf_counter() - self.t0)
         self.records.append(rec)
         agent = await self._find(traj_id)
         if agent is None:
-            rec.note = f"sandbox not found: no agent of the {len(_agents())} on this host has the marker"
-            return
+            rec.note = f"sandbox not found: no agent on this host has the marker ({_markers()})"
+        return rec, agent
+
+    async def hit(self, rec: FaultRecord, agent: int) -> None:
+        """Apply the fault to the sandbox of `agent`; `@in_command`: once the policy's command runs there."""
+        kind, _, timing = rec.kind.partition("@")
         if timing == "in_command" and not await self._busy(agent):
             rec.note = "the command was not seen running; hit anyway"
         rec.t_s = time.perf_counter() - self.t0
@@ -401,12 +417,15 @@ class ChaosModel:
         self.plan, self.ids, self.tasks, self.injector = plan, ids, tasks, injector
         self.engine = _HookedEngine(tokenizer, self.reply, self.before, self.after)
         self._scripts = {t: attack_scripts(task.data["entry_point"]) for t, task in tasks.items()}
+        self._pending: dict[str, tuple[FaultRecord, int]] = {}
 
     def slot(self, session: str) -> tuple[Slot, int]:
         task_id, k, attempt = self.ids[session]
         return self.plan[(task_id, k)], attempt
 
     def reply(self, session: str, turn: int, _ids: list[int]) -> str:
+        if session not in self.ids.by_id:  # not a trajectory (e.g. a health probe)
+            return "ok"
         slot, attempt = self.slot(session)
         if slot.category == "attack":
             turns = self._scripts[slot.task_id][slot.name]
@@ -420,19 +439,29 @@ class ChaosModel:
             return _run(f"print({task.data['entry_point']!r}, 'defined')")
         return "Done: the function is implemented."
 
-    def _host_fault(self, session: str, turn: int, timing: str) -> Slot | None:
+    def _host_fault(self, session: str, turn: int) -> Slot | None:
+        if session not in self.ids.by_id:
+            return None
         slot, attempt = self.slot(session)
-        hit = (self.injector is not None and slot.category == "fault" and attempt == 0 and turn == 1
-               and "@" in slot.name and slot.name.endswith(f"@{timing}"))
+        hit = self.injector is not None and slot.category == "fault" and attempt == 0 and turn == 1 and "@" in slot.name
         return slot if hit else None
 
     async def before(self, session: str, turn: int) -> None:
-        if (slot := self._host_fault(session, turn, "between")) is not None:
-            await self.injector.hit(session, slot)  # type: ignore[union-attr]
+        """A host fault's trajectory at its second model turn: find its sandbox now; `@between` hits it now (the
+        next tool call finds it dead), `@in_command` once the reply's command runs."""
+        if (slot := self._host_fault(session, turn)) is None:
+            return
+        assert self.injector is not None
+        rec, agent = await self.injector.locate(session, slot)
+        if agent is not None:
+            if slot.name.endswith("@between"):
+                await self.injector.hit(rec, agent)
+            else:
+                self._pending[session] = (rec, agent)
 
     async def after(self, session: str, turn: int) -> None:
-        if (slot := self._host_fault(session, turn, "in_command")) is not None:
-            self.injector.later(self.injector.hit(session, slot))  # type: ignore[union-attr]
+        if (pending := self._pending.pop(session, None)) is not None:
+            self.injector.later(self.injector.hit(*pending))  # type: ignore[union-attr]
 
 
 class _HookedEngine(ScriptedEngine):
@@ -593,7 +622,7 @@ async def run_once(*, backend: str, tasks: list[Any], group_size: int, seed: int
     try:
         with log.open("wb") as err:
             proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "agentrl.cli", "rollout", "--config",
-                                                        str(cfg), stdout=err, stderr=err, env=env)
+                                                        str(cfg), stdout=err, stderr=err, env=env, cwd=workdir)
             rc = await proc.wait()
         wall = time.perf_counter() - t0
         if injector is not None:
@@ -789,7 +818,8 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     tasks = list(env.tasks())[: args.tasks]
     task_ids = [t.id for t in tasks]
     _index_ids(args.seed, task_ids, args.group_size)
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="agentrl-chaos-"))
+    # the CLI runs in workdir: `python -m` puts its cwd first on sys.path, so the code under test is PYTHONPATH's
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="agentrl-chaos-")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     reports = []
     for backend in args.backend:
