@@ -599,6 +599,7 @@ class RunResult:
     drops: list[dict[str, Any]] = field(default_factory=list)
     reward_answers: dict[str, list[int]] = field(default_factory=dict)
     stderr_tail: str = ""
+    load: dict[str, float] = field(default_factory=dict)  # 1-minute load average during the run
 
 
 async def run_once(*, backend: str, tasks: list[Any], group_size: int, seed: int, plan: dict[tuple[str, int], Slot],
@@ -621,6 +622,8 @@ async def run_once(*, backend: str, tasks: list[Any], group_size: int, seed: int
     write_config(cfg, backend=backend, tasks=len(tasks), group_size=group_size, seed=seed, out=out,
                  engine_url=engine_url, model=model_path, reward_url=reward_url, concurrency=concurrency)
     env = {**os.environ, "XDG_RUNTIME_DIR": str(state_root)}  # the local state root is this run's alone
+    loads: list[float] = []
+    sampler = asyncio.create_task(_sample_load(loads))
     try:
         with log.open("wb") as err:
             proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "agentrl.cli", "rollout", "--config",
@@ -630,6 +633,7 @@ async def run_once(*, backend: str, tasks: list[Any], group_size: int, seed: int
         if injector is not None:
             await injector.wait()
     finally:
+        sampler.cancel()
         await server.stop()
         await rewards.stop()
         shutil.rmtree(state_root, ignore_errors=True)
@@ -637,7 +641,20 @@ async def run_once(*, backend: str, tasks: list[Any], group_size: int, seed: int
     trajs = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
     infra = [(m[1], m[2], m[3], int(m[4])) for m in INFRA_LINE.finditer(text)]
     return RunResult(backend, chaos, len(plan), wall, rc, trajs, infra, injector.records if injector else [],
-                     face.drops, dict(rewards.answers), text[-3000:])
+                     face.drops, dict(rewards.answers), text[-3000:], _load_summary(loads))
+
+
+async def _sample_load(out: list[float]) -> None:
+    """The 1-minute load average every 5 s while a run lasts (the machine is shared: the numbers need it)."""
+    while True:
+        out.append(float(Path("/proc/loadavg").read_text().split()[0]))
+        await asyncio.sleep(5)
+
+
+def _load_summary(loads: list[float]) -> dict[str, float]:
+    if not loads:
+        return {}
+    return {"min": min(loads), "mean": round(sum(loads) / len(loads), 1), "max": max(loads)}
 
 
 # -- the verdicts ---------------------------------------------------------------------------------------------------
@@ -665,7 +682,7 @@ def judge(run: RunResult, plan: dict[tuple[str, int], Slot]) -> dict[str, Any]:
     report: dict[str, Any] = {
         "backend": run.backend, "requested": run.requested, "stored": len(stored), "duplicates": dupes,
         "lost": run.requested - len(stored), "rc": run.rc, "wall_s": round(run.wall_s, 1),
-        "final_infra_error": sum(t["status"] == "infra_error" for t in stored.values()),
+        "final_infra_error": sum(t["status"] == "infra_error" for t in stored.values()), "load": run.load,
     }
     honest: dict[str, Any] = {"n": 0, "ok": 0, "bad": []}
     attacks: dict[str, dict[str, Any]] = {}
@@ -782,20 +799,22 @@ def _index_ids(seed: int, task_ids: list[str], group_size: int) -> None:
 
 
 def uptime() -> str:
-    return Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__()
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def table(reports: list[dict[str, Any]]) -> str:
     rows = ["| backend | requested | stored | lost | faults injected / planned | faults infra + retried | "
-            "attacks scored | honest full reward | wall s (clean) | wall s (chaos) | chaos / clean |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "attacks scored | honest full reward | wall s (clean) | wall s (chaos) | chaos / clean | "
+            "load (chaos run) |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in reports:
         clean = r.get("clean_wall_s")
         ratio = f"{r['wall_s'] / clean:.2f}x" if clean else "-"
         rows.append(f"| {r['backend']} | {r['requested']} | {r['stored']} | {r['lost']} | "
                     f"{r['faults_injected']} / {r['faults_planned']} | {r['faults_handled']} / {r['faults_planned']} | "
                     f"{r['attacks_scored']} / {r['attacks_planned']} | {r['honest']['ok']} / {r['honest']['n']} | "
-                    f"{clean if clean else '-'} | {r['wall_s']} | {ratio} |")
+                    f"{clean if clean else '-'} | {r['wall_s']} | {ratio} | "
+                    f"{r['load'].get('mean', '-')} mean, {r['load'].get('max', '-')} max |")
     return "\n".join(rows)
 
 
@@ -829,7 +848,7 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
                          fault_rate=args.fault_rate, backend=backend, attacks=args.attacks,
                          faults=[f for f in args.faults or [] if f in fault_kinds(backend)] or None)
         load_before = uptime()
-        clean_wall = None
+        clean_wall, clean_info = None, {}
         if not args.no_clean:
             clean_plan = {k: Slot(k[0], k[1], "honest", "") for k in plan}
             clean = await run_once(backend=backend, tasks=tasks, group_size=args.group_size, seed=args.seed,
@@ -837,13 +856,16 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
                                    concurrency=args.concurrency, workdir=workdir)
             clean_report = judge(clean, clean_plan)
             clean_wall = clean_report["wall_s"]
+            clean_info = {k: clean_report[k] for k in ("stored", "lost", "load", "rc", "final_infra_error")}
+            clean_info["honest_full_reward"] = clean_report["honest"]["ok"]
             print(f"[{backend}] clean run: {clean_report['stored']}/{clean_report['requested']} stored, "
                   f"{clean_report['honest']['ok']} full reward, {clean_wall} s", file=sys.stderr)
         run = await run_once(backend=backend, tasks=tasks, group_size=args.group_size, seed=args.seed, plan=plan,
                              chaos=True, tokenizer=tokenizer, model_path=model_path, concurrency=args.concurrency,
                              workdir=workdir)
         report = judge(run, plan)
-        report.update({"clean_wall_s": clean_wall, "load_before": load_before, "load_after": uptime(),
+        report.update({"clean_wall_s": clean_wall, "clean": clean_info, "load_before": load_before,
+                       "load_after": uptime(),
                        "seed": args.seed, "attack_rate": args.attack_rate, "fault_rate": args.fault_rate,
                        "concurrency": args.concurrency, "workdir": str(workdir),
                        "fault_log": [asdict(r) for r in run.faults]})
