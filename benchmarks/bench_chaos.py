@@ -8,10 +8,10 @@ SGLang stand-in. Every trajectory (task, sample) is assigned, deterministically 
     honest   writes the reference solution (and a marker file naming its trajectory), checks it, ends
     attack   one of ATTACKS: grader attacks (forged verdicts, magic __eq__, exit/kill during grading, a solution.py
              that is a FIFO / directory / symlink chain / 80 MB), sandbox attacks (fork bomb, memory bomb, signalling
-             the agent, a daemon that forges the grader's output) and tool-call JSON attacks (a 5,000-digit integer,
+             the agent, a daemon that rewrites solution.py) and tool-call JSON attacks (a 5,000-digit integer,
              lone surrogates, 5,000-deep nesting)
-    fault    the honest script, and on its first attempt an outside fault from the host (FAULTS): the sandbox deleted
-             (local: its state dir removed and its process group killed, as `agentrl sandbox gc --all` does; docker:
+    fault    the honest script, and on its first attempt an outside fault from the host (fault_kinds()): the
+             sandbox deleted (local: its state dir removed and its process group killed, as a sweep does; docker:
              `docker rm -f`), bubblewrap or the container killed, its agent SIGKILLed, either while the model
              generates or while the policy's command runs; every engine request of a turn reset (the engine is
              gone for the client's whole retry budget) or only one (a blip the client absorbs); the reward service
@@ -22,17 +22,23 @@ injector know every request's (task, sample, attempt). A fault hits attempt 0 on
 
 Invariants (per backend): trajectories lost (requested - stored) = 0; every injected fault that is not absorbed
 inside a client is recorded as infra_error (the CLI's retry log names its error_kind) and retried to a clean,
-fully scored record; absorbed blips leave an ok record with the honest reward and show the retry on the server
-side; every attack is scored (never infra_error, never retried, reward 0); the run completes. A clean run of the
-same size (all honest, no faults) gives the wall-time baseline.
+fully scored record (a reward service that keeps failing may instead leave the record unscored, infra_error
+reward_failed with reward None, after the source's own retries: never a 0); absorbed blips leave an ok record
+with the honest reward and show the retry on the server side; every attack is scored (never infra_error, never
+retried, reward 0); the run completes. A clean run of the same size (all honest, no faults) gives the wall-time
+baseline.
 
     python benchmarks/bench_chaos.py [--backend local docker] [--tasks 25 --group-size 20] [--seed 0]
                                      [--attack-rate 0.3] [--fault-rate 0.35] [--concurrency 16] [--no-clean]
-                                     [--json FILE]
+                                     [--attacks NAME ...] [--faults KIND ...] [--workdir DIR] [--json FILE]
+
+The code under test is whatever `agentrl` PYTHONPATH (or the venv) gives the CLI; the script itself only needs
+`agentrl.testing`, the stand-in and the seed derivation.
 
 Needs bubblewrap as root (uid-separated sandboxes) for local, a Docker Engine and the agentrl/python image for
 docker. Exit status 1 when an invariant fails. Sandboxes of this run only are touched: the local state root is
-private to the run, docker containers are matched by the rollout process's owner label and the marker file.
+private to the run, and a sandbox is only acted on when its workspace holds the marker of one of this run's
+trajectories (read from the host through /proc/<agent pid>/root).
 """
 
 from __future__ import annotations
@@ -703,7 +709,8 @@ def judge(run: RunResult, plan: dict[tuple[str, int], Slot]) -> dict[str, Any]:
             else:
                 a["bad"].append(_brief(key, t, infra_by_key.get(key)))
         else:
-            f = faults.setdefault(slot.name, {"n": 0, "injected": 0, "handled": 0, "kinds": Counter(), "bad": []})
+            f = faults.setdefault(slot.name, {"n": 0, "injected": 0, "handled": 0, "kinds": Counter(), "bad": [],
+                                              "expected_kinds": list(expected_kinds(run.backend, slot.name))})
             f["n"] += 1
             ok, injected, kinds = _fault_outcome(run, slot, t, infra_by_key.get(key, []), faults_by_key.get(key),
                                                  drops_by_id)
