@@ -127,6 +127,9 @@ def should_remove(labels: dict[str, str], *, now: float, host: str, run_id: str 
     return _expired(labels, now) or _owner_dead(labels, host)
 
 
+DEATH_SETTLE_S = 3.0  # how long death_cause waits for dockerd to record an exit it has not seen yet
+
+
 def container_death_cause(state: dict[str, Any] | None) -> str | None:
     """The death cause of a container from its inspect State (None: no such container). Pure, unit-tested."""
     if state is None or state.get("Status") in ("removing", "dead"):
@@ -136,6 +139,11 @@ def container_death_cause(state: dict[str, Any] | None) -> str | None:
     code = int(state.get("ExitCode") or 0)
     if state.get("OOMKilled") and code in (137, -9):
         return "oom"
+    if code in (137, -9):
+        # SIGKILL of pid 1 (docker-init) or of the agent (root in the container), and not the container's OOM
+        # killer: nothing inside can send it (pid 1 ignores signals from its own namespace; the commands run as
+        # another uid under no-new-privileges), so it came from outside: `docker kill`, the host, an admin
+        return "killed:9"
     return f"signal:{code - 128}" if code > 128 else f"exited:{code}"
 
 
@@ -363,14 +371,20 @@ class DockerBackend:
 
     async def death_cause(self, handle: SandboxHandle) -> str | None:
         """From docker inspect: "deleted" (no such container, or being removed), "oom" (the kernel OOM-killed the
-        container's agent: OOMKilled with a SIGKILL exit), "signal:<n>" (exit code 128+n, as docker-init reports a
-        signalled agent), "exited:<code>"; None while it runs, or when dockerd does not answer."""
-        try:
-            state = await self._state(handle)
-        except (docker.errors.DockerException, requests.RequestException, OSError, SandboxStartError) as e:
-            log.warning("docker inspect %s failed: %s", handle.id, e)
-            return None
-        return container_death_cause(state)
+        container's agent: OOMKilled with a SIGKILL exit), "killed:9" (a SIGKILL from outside: `docker kill`, the
+        host), "signal:<n>" (exit code 128+n, as docker-init reports a signalled agent), "exited:<code>"; None while
+        it still runs after DEATH_SETTLE_S, or when dockerd does not answer."""
+        deadline = time.monotonic() + DEATH_SETTLE_S
+        while True:  # dockerd records the exit a moment after the agent's socket broke: wait for it to settle
+            try:
+                state = await self._state(handle)
+            except (docker.errors.DockerException, requests.RequestException, OSError, SandboxStartError) as e:
+                log.warning("docker inspect %s failed: %s", handle.id, e)
+                return None
+            cause = container_death_cause(state)
+            if cause is not None or time.monotonic() >= deadline:
+                return cause
+            await asyncio.sleep(0.1)
 
     async def oom_kills(self, handle: SandboxHandle) -> int:
         """How many times the kernel's OOM killer fired in this container's cgroup since it was created (Docker
