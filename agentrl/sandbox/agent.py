@@ -61,11 +61,13 @@ After binding, the agent prints READY_LINE on stdout so the starter needs no pol
 
 from __future__ import annotations
 
+import array
 import base64
 import ctypes
 import errno
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -245,9 +247,10 @@ class CommandCgroup:
         with open(f"{self.dirs[0]}/commands/cgroup.procs") as f:
             return {int(p) for p in f.read().split()} - {os.getpid()}
 
-    def kill(self, deadline_s: float) -> int:
+    def kill(self, deadline_s: float, uncounted: set = frozenset()) -> int:
         """SIGKILL everything in `commands` until it is empty (cgroup.kill first where the kernel has it); returns
-        how many distinct processes were killed. No fork: a full pids.max cannot stop it."""
+        how many distinct processes were killed, `uncounted` (the spawner) aside. No fork: a full pids.max cannot
+        stop it."""
         seen: set[int] = set()
         end = time.monotonic() + deadline_s
         if self.version == "v2" and os.path.exists(f"{self.dirs[0]}/commands/cgroup.kill"):
@@ -255,7 +258,7 @@ class CommandCgroup:
         while True:
             live = self.pids()
             if not live:
-                return len(seen)
+                return len(seen - uncounted)
             seen |= live
             if time.monotonic() > end:
                 raise HTTPError(409, f"policy processes survived kill: {len(live)} process(es) in the commands "
@@ -609,6 +612,313 @@ def _killpg(pgid: int) -> None:
         pass
 
 
+# ---------------------------------------------------------------- the command spawner
+
+# The spawner's program, run as `python -I -S -c SPAWNER_SOURCE SOCK_FD UID GID` (UID -1: keep the agent's ids). It
+# imports only builtin modules (and ctypes), so it starts in a few ms of CPU. Started as the agent's uid (root when
+# uid-separated), it makes itself non-dumpable, becomes UID:GID with no groups and no capabilities (inheritable
+# included), checks that, and then serves spawn requests on the socket until EOF: each request is a length-prefixed,
+# NUL-separated record (cwd, argc, argv..., n, executable candidates..., NAME=VALUE...) with the command's stdin,
+# stdout and stderr attached (SCM_RIGHTS); the answer is 16 bytes: pid, errno (one of them 0). The command is
+# cloned with CLONE_PARENT, so it is the agent's child (reaped, waited for and killed by the agent exactly like a
+# Popen child) while it inherits the spawner's uid, cgroup, no_new_privs and oom_score_adj.
+SPAWNER_SOURCE = r'''
+import ctypes, errno, os, sys, _signal, _socket
+PR_GET_DUMPABLE, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_GET_NO_NEW_PRIVS = 3, 4, 38, 39
+CLONE_PARENT, SIGCHLD = 0x8000, 17
+SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(os.uname().machine)
+MAXFD = os.sysconf("SC_OPEN_MAX")
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+fd, uid, gid = (int(a) for a in sys.argv[1:4])
+sock = _socket.socket(fileno=fd)
+
+
+def fail(why):
+    sock.sendall(b"F" + why.encode())
+    sys.exit(70)
+
+
+def setup():
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # first: from now on a same-uid process cannot ptrace or read it
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):  # python ignores them; commands get the default, as with Popen
+        _signal.signal(sig, _signal.SIG_DFL)
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:  # the OOM killer's first choice, with every command
+            f.write("1000")
+    except OSError:
+        pass
+    if uid >= 0:
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)  # clears the permitted, effective and ambient capabilities
+        head, data = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
+        if libc.capset(head, data) != 0:  # and the inheritable ones (setpriv --inh-caps=-all)
+            fail(f"capset: {os.strerror(ctypes.get_errno())}")
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # a uid change resets it to fs.suid_dumpable
+        with open("/proc/self/status") as f:
+            caps = {k: v.strip() for k, _, v in (line.partition(":") for line in f) if k.startswith("Cap")}
+        left = {k: v for k, v in caps.items() if k != "CapBnd" and int(v, 16)}
+        if left or os.getresuid() != (uid,) * 3 or os.getresgid() != (gid,) * 3 or os.getgroups():
+            fail(f"still privileged after the uid switch: {left} uid {os.getresuid()} gid {os.getresgid()}")
+    if libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 0 or libc.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1:
+        fail("cannot make itself non-dumpable with no_new_privs")
+    if SYS_CLONE is None:
+        fail(f"no clone syscall number for {os.uname().machine}")
+    os.set_inheritable(fd, False)
+    os.closerange(3, fd)
+    os.closerange(fd + 1, MAXFD)
+
+
+def recv_exactly(n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            sys.exit(0)
+        buf += chunk
+    return bytes(buf)
+
+
+def child(fds, w, cwd, argv, candidates, env):
+    code = errno.EINVAL
+    try:
+        os.setsid()
+        for i, f in enumerate(fds):
+            os.dup2(f, i)
+        os.closerange(3, w)
+        os.closerange(w + 1, MAXFD)
+        os.chdir(cwd)
+        code, last = 0, errno.ENOENT
+        for path in candidates:
+            try:
+                os.execve(path, argv, env)
+            except OSError as e:
+                last = e.errno
+                if e.errno not in (errno.ENOENT, errno.ENOTDIR) and not code:
+                    code = e.errno
+        code = code or last
+    except OSError as e:
+        code = e.errno
+    except BaseException:
+        pass
+    os.write(w, b"%d" % (code or errno.EINVAL))
+    os._exit(127)
+
+
+def spawn(record, fds):
+    parts = record.split(b"\0")
+    cwd, argc = parts[0], int(parts[1])
+    argv, n = parts[2:2 + argc], int(parts[2 + argc])
+    candidates = parts[3 + argc:3 + argc + n]
+    env = dict(item.partition(b"=")[::2] for item in parts[3 + argc + n:])
+    r, w = os.pipe()
+    pid = libc.syscall(ctypes.c_long(SYS_CLONE), ctypes.c_long(CLONE_PARENT | SIGCHLD), ctypes.c_long(0),
+                       ctypes.c_long(0), ctypes.c_long(0), ctypes.c_long(0))
+    if pid == 0:
+        child(fds, w, cwd, argv, candidates, env)
+    err = ctypes.get_errno() if pid < 0 else 0
+    os.close(w)
+    report = b""
+    while chunk := os.read(r, 64):  # EOF: the exec closed it; else the child's errno
+        report += chunk
+    os.close(r)
+    if pid < 0:
+        return 0, err
+    return (0, int(report)) if report else (pid, 0)
+
+
+def serve():
+    space = _socket.CMSG_SPACE(3 * 4)
+    while True:
+        head, anc, _, _ = sock.recvmsg(8, space, _socket.MSG_CMSG_CLOEXEC)
+        if not head:
+            return
+        fds = [int.from_bytes(data[i:i + 4], sys.byteorder) for level, kind, data in anc
+               if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS for i in range(0, len(data) - 3, 4)]
+        head += recv_exactly(8 - len(head))
+        record = recv_exactly(int.from_bytes(head, "little"))
+        try:
+            pid, err = spawn(record, fds) if len(fds) == 3 else (0, errno.EBADF)
+        finally:
+            for f in fds:
+                os.close(f)
+        sock.sendall(pid.to_bytes(8, "little", signed=True) + err.to_bytes(8, "little", signed=True))
+
+
+setup()
+sock.sendall(b"R")
+serve()
+'''
+SPAWNER_START_TIMEOUT_S = 30.0  # a spawner not ready by then (or by the exec's deadline) is treated as gone
+
+
+class SpawnerLost(Exception):
+    """The spawner died (or stopped answering) before it answered a request: something of the command user (the
+    policy's processes, the commands' memory limit) killed or stopped it, so the exec that needed it fails as the
+    policy's doing. The next exec starts a fresh one."""
+
+
+class SpawnerUnusable(Exception):
+    """The spawner cannot work here at all (its setup failed): the agent falls back to setpriv per command."""
+
+
+class _Spawned:
+    """The Popen-like face of a command started by the spawner: pid, the agent's ends of its pipes, returncode."""
+
+    def __init__(self, pid: int, stdin: int | None, stdout: int, stderr: int) -> None:
+        self.pid = pid
+        self.stdin = open(stdin, "wb", buffering=0) if stdin is not None else None
+        self.stdout = open(stdout, "rb", buffering=0)
+        self.stderr = open(stderr, "rb", buffering=0)
+        self.returncode: int | None = None
+
+
+class Spawner:
+    """A persistent fork server (SPAWNER_SOURCE) that already runs as the command user and in the `commands` cgroup,
+    so a command costs one clone + exec instead of setpriv's extra exec (and, under cgroup v2, /bin/sh's). It is a
+    process of the command user, so the policy can kill or stop it (its own loss: the exec waiting on it fails as
+    the policy's, the next one starts a fresh spawner) but cannot ptrace it or read its memory (non-dumpable) nor
+    reach its socket (a socketpair only the agent holds; every other fd closed). /kill_all kills it with the rest."""
+
+    def __init__(self, identity: Identity, cgroup: CommandCgroup) -> None:
+        self._ids = (identity.uid, identity.gid) if identity.separated else (-1, -1)
+        self._cgroup = cgroup
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen | None = None
+        self._pidfd: int | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def ensure(self, deadline: float) -> None:
+        """A live, ready spawner: the current one, or a fresh one when it is gone (killed by /kill_all, the policy
+        or the memory limit). Raises SpawnerUnusable when it cannot work here, SpawnerLost when it did not start."""
+        with self._lock:
+            if self._sock is not None and not _readable(self._sock):  # it never speaks unasked: EOF means gone
+                return
+            self._discard()
+            a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            argv = self._cgroup.wrap([sys.executable, "-I", "-S", "-c", SPAWNER_SOURCE, str(b.fileno()),
+                                      *map(str, self._ids)])
+            try:
+                proc = self._cgroup.start(lambda: subprocess.Popen(
+                    argv, pass_fds=(b.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    close_fds=True))
+            except OSError as e:
+                a.close()
+                raise SpawnerUnusable(f"cannot start {sys.executable!r}: {e}") from None
+            finally:
+                b.close()
+            self._sock, self._proc, self._pidfd = a, proc, _pidfd(proc.pid)
+            try:
+                a.settimeout(max(min(deadline, time.monotonic() + SPAWNER_START_TIMEOUT_S) - time.monotonic(),
+                                 0.001))
+                ready = a.recv(4096)
+            except OSError:
+                ready = b""
+            if ready != b"R":
+                self._discard()
+                if ready.startswith(b"F"):
+                    raise SpawnerUnusable(ready[1:].decode(errors="replace"))
+                raise SpawnerLost("the command spawner did not start (killed, stopped or out of memory)")
+
+    def spawn(self, run: "ExecRun", deadline: float) -> _Spawned:
+        """Start `run`'s command through the spawner: its pid (a child of the agent) and the agent's pipe ends.
+        Raises OSError like Popen when the command cannot be executed, SpawnerLost when the spawner is gone."""
+        record = _spawn_record(run)
+        stdin_r, stdin_w = os.pipe() if run.stdin is not None else (os.open(os.devnull, os.O_RDONLY), None)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            pid, err = self._request(record, (stdin_r, out_w, err_w), deadline)
+        except BaseException:
+            for fd in (stdin_w, out_r, err_r):
+                if fd is not None:
+                    os.close(fd)
+            raise
+        finally:
+            for fd in (stdin_r, out_w, err_w):
+                os.close(fd)
+        if err:
+            for fd in (stdin_w, out_r, err_r):
+                if fd is not None:
+                    os.close(fd)
+            raise OSError(err, os.strerror(err))
+        return _Spawned(pid, stdin_w, out_r, err_r)
+
+    def _request(self, record: bytes, fds: tuple[int, int, int], deadline: float) -> tuple[int, int]:
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                raise SpawnerLost("the command spawner is gone (killed by the sandbox's own processes)")
+            try:
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                sock.sendmsg([len(record).to_bytes(8, "little")],
+                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())])
+                sock.sendall(record)
+                reply = b""
+                while len(reply) < 16:
+                    chunk = sock.recv(16 - len(reply))
+                    if not chunk:
+                        raise ConnectionResetError("EOF")
+                    reply += chunk
+            except OSError as e:
+                self._discard()
+                why = "stopped answering" if isinstance(e, TimeoutError) else "was killed"
+                raise SpawnerLost(f"the command spawner {why} before it started the command (the sandbox's own "
+                                  "processes or the commands' memory limit); the next exec starts a fresh one") \
+                    from None
+        return int.from_bytes(reply[:8], "little", signed=True), int.from_bytes(reply[8:], "little", signed=True)
+
+    def _discard(self) -> None:
+        """Forget the current spawner: close its socket (it exits at EOF) and SIGKILL it (it may be stopped)."""
+        if self._sock is not None:
+            self._sock.close()
+        if self._pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+            os.close(self._pidfd)
+        if self._proc is not None:
+            self._proc.returncode = -signal.SIGKILL  # the reaper reaps it; Popen must never waitpid this pid again
+        self._sock = self._proc = self._pidfd = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._discard()
+
+
+def _readable(sock: socket.socket) -> bool:
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _spawn_record(run: "ExecRun") -> bytes:
+    """The spawner's request for `run`: what Popen would check and pass (embedded NULs and '=' in names refused
+    with the same ValueError, executable candidates from the command's own PATH)."""
+    argv = [os.fsencode(a) for a in run.argv]
+    env = []
+    for k, v in run.env.items():
+        k, v = os.fsencode(k), os.fsencode(v)
+        if b"=" in k:
+            raise ValueError("illegal environment variable name")
+        env.append(k + b"=" + v)
+    exe = argv[0]
+    candidates = [exe] if os.path.dirname(exe) else [os.path.join(os.fsencode(d), exe)
+                                                        for d in os.get_exec_path(run.env)]
+    fields = [os.fsencode(run.cwd), str(len(argv)).encode(), *argv, str(len(candidates)).encode(), *candidates, *env]
+    if any(b"\0" in f for f in fields):
+        raise ValueError("embedded null byte")
+    return b"\0".join(fields)
+
+
+
 # ---------------------------------------------------------------- the agent
 
 
@@ -676,6 +986,9 @@ class Agent:
         self._lock = threading.Lock()
         self._reaper = Reaper()
         self._kill_lock = threading.Lock()
+        # separated (by uid or by cgroup): commands start through a fork server that is already where they belong
+        self._spawner = Spawner(self.identity, self.cgroup) if self.identity.separated or self.cgroup.enabled \
+            else None
 
     def dispatch(self, method: str, path: str, body: bytes) -> dict:
         routes = {("GET", "/health"): self.health, ("POST", "/exec"): self.exec, ("POST", "/write"): self.write,
@@ -711,13 +1024,13 @@ class Agent:
         run = ExecRun(argv, cwd, env, None if stdin is None else stdin.encode(), limit, self.identity, self.cgroup)
         start = time.monotonic()
         try:
-            proc = self.cgroup.start(lambda: self._reaper.spawn(run.start))
+            proc = self._start(run, start + timeout)
         except OSError as e:
             code = 127 if isinstance(e, FileNotFoundError) else 126
             return _result(code, b"", f"{argv[0]}: {e.strerror or e}\n".encode(), False, False, start)
-        if not _prefer_oom_kill(proc.pid):  # setpriv has not switched uid yet: the file is still root's, or
-            with self.identity.files():  # it has (or Popen did): the file is the command user's
-                _prefer_oom_kill(proc.pid)
+        except SpawnerLost as e:  # the policy killed or stopped the spawner: its failure, a result like the above
+            late = time.monotonic() >= start + timeout
+            return _result(None if late else 126, b"", f"agent: {e}\n".encode(), late, False, start)
         with self._lock:
             self._groups.add(proc.pid)
         try:
@@ -729,7 +1042,25 @@ class Agent:
             self._kill_leftovers()
         return result
 
-    def _finish(self, run: ExecRun, proc: subprocess.Popen, deadline: float, start: float) -> dict:
+    def _start(self, run: ExecRun, deadline: float) -> "subprocess.Popen | _Spawned":
+        """Start `run`'s command as the command user in `commands`: through the spawner (one clone + exec), or,
+        without separation or where the spawner cannot work, with Popen (through setpriv / the cgroup shell)."""
+        spawner = self._spawner
+        if spawner is not None:
+            try:
+                spawner.ensure(deadline)
+                return self._reaper.spawn(lambda: spawner.spawn(run, deadline))  # tracked before the reaper decides
+            except SpawnerUnusable as e:
+                print(f"agent: the command spawner cannot work here ({e}); commands start through setpriv",
+                      file=sys.stderr, flush=True)
+                self._spawner = None
+        proc = self.cgroup.start(lambda: self._reaper.spawn(run.start))
+        if not _prefer_oom_kill(proc.pid):  # setpriv has not switched uid yet: the file is still root's, or
+            with self.identity.files():  # it has (or Popen did): the file is the command user's
+                _prefer_oom_kill(proc.pid)
+        return proc
+
+    def _finish(self, run: ExecRun, proc: "subprocess.Popen | _Spawned", deadline: float, start: float) -> dict:
         try:
             closed = run.pump(proc, deadline, lambda: self._reaper.exited(proc.pid), self.exit_grace_s)
         except BaseException:
@@ -787,15 +1118,16 @@ class Agent:
         """Kill every process the commands left (through their cgroup when resource-separated, else by uid or
         descent), then remove the command user's SysV IPC objects (uid-separated: the IPC namespace is the
         sandbox's own); returns how many distinct processes were killed."""
+        spawner = {self._spawner.pid} if self._spawner is not None else set()  # killed too, not counted
         if self.cgroup.enabled:
-            killed = self.cgroup.kill(KILL_ALL_DEADLINE_S)
+            killed = self.cgroup.kill(KILL_ALL_DEADLINE_S, spawner)
         else:
-            killed = self._kill_by_owner()
+            killed = self._kill_by_owner(spawner)
         if self.identity.separated and self._libc is not None:
             remove_sysv_ipc(self._libc, self.identity.uid)
         return killed
 
-    def _kill_by_owner(self) -> int:
+    def _kill_by_owner(self, uncounted: set) -> int:
         """SIGKILL every process of the command user (separated) or every descendant of the agent (single uid),
         round after round, until none is left alive; returns how many distinct processes were killed."""
         seen: set[int] = set()
@@ -804,7 +1136,7 @@ class Agent:
             while True:
                 live = _command_user_pids(self.identity.uid) if self.identity.separated else _descendants()
                 if not live:
-                    return len(seen)
+                    return len(seen - uncounted)
                 seen |= live
                 if time.monotonic() > end:
                     raise HTTPError(409, f"policy processes survived kill: {len(live)} process(es) of the command "
@@ -839,6 +1171,8 @@ class Agent:
         return pid
 
     def kill_groups(self) -> None:
+        if self._spawner is not None:
+            self._spawner.close()
         with self._lock:
             groups = list(self._groups)
         for pgid in groups:
