@@ -247,8 +247,17 @@ class CommandCgroup:
         with open(f"{self.dirs[0]}/commands/cgroup.procs") as f:
             return {int(p) for p in f.read().split()} - {os.getpid()}
 
+    def _charged(self) -> int:
+        """pids.current of `commands`: killed processes not yet reaped by the agent still hold their pid."""
+        try:
+            with open(f"{self.dirs[0]}/commands/pids.current") as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return 0
+
     def kill(self, deadline_s: float, uncounted: set = frozenset()) -> int:
-        """SIGKILL everything in `commands` until it is empty (cgroup.kill first where the kernel has it); returns
+        """SIGKILL everything in `commands` until it is empty and its pids are released (the reaper reaped them; not
+        waited for past the deadline), cgroup.kill first where the kernel has it; returns
         how many distinct processes were killed, `uncounted` (the spawner) aside. No fork: a full pids.max cannot
         stop it."""
         seen: set[int] = set()
@@ -257,7 +266,7 @@ class CommandCgroup:
             _write_file(f"{self.dirs[0]}/commands/cgroup.kill", "1")
         while True:
             live = self.pids()
-            if not live:
+            if not live and (self._charged() == 0 or time.monotonic() > end):
                 return len(seen - uncounted)
             seen |= live
             if time.monotonic() > end:
@@ -518,7 +527,8 @@ class ExecRun:
         if stdin_fd >= 0:
             os.set_blocking(stdin_fd, False)
             sel.register(stdin_fd, selectors.EVENT_WRITE)
-        pidfd = _pidfd(proc.pid)
+        own = getattr(proc, "pidfd", None)  # the spawner's, opened before anything could reap the command
+        pidfd = os.dup(own) if own is not None else _pidfd(proc.pid)
         if pidfd is not None:
             sel.register(pidfd, selectors.EVENT_READ)
         exited_at = None
@@ -617,19 +627,17 @@ def _killpg(pgid: int) -> None:
 # The spawner's program, run as `python -I -S -c SPAWNER_SOURCE SOCK_FD UID GID` (UID -1: keep the agent's ids). It
 # imports only builtin modules (and ctypes), so it starts in a few ms of CPU. Started as the agent's uid (root when
 # uid-separated), it makes itself non-dumpable, becomes UID:GID with no groups and no capabilities (inheritable
-# included), checks that, and then serves spawn requests on the socket until EOF: each request is a length-prefixed,
-# NUL-separated record (cwd, argc, argv..., n, executable candidates..., NAME=VALUE...) with the command's stdin,
-# stdout and stderr attached (SCM_RIGHTS); the answer is 16 bytes: pid, errno (one of them 0). The command is
-# cloned with CLONE_PARENT, so it is the agent's child (reaped, waited for and killed by the agent exactly like a
-# Popen child) while it inherits the spawner's uid, cgroup, no_new_privs and oom_score_adj.
-SPAWNER_SOURCE = r'''
-import ctypes, errno, os, sys, _signal, _socket
+# included), checks that, answers b"R" (or b"F" and why), and then serves the socket until EOF.
+# Requests: 8 bytes of length, then a NUL-separated record (cwd, argc, argv..., n, executable candidates...,
+# NAME=VALUE...), with the command's stdin, stdout and stderr attached to the length (SCM_RIGHTS). Messages back,
+# 24 bytes each (kind, pid, value; little-endian): kind 1 answers a request (value: errno, 0 when started; a pidfd
+# of the command attached when the kernel has them), kind 2 reports that a command exited (value: its exit code as
+# os.waitstatus_to_exitcode gives it). Commands start with posix_spawn (vfork: no copy of the spawner's memory)
+# in a new session, in the spawner's cwd (set to the request's cwd first) and with the request's environment.
+SPAWNER_SOURCE = r'''# agentrl command spawner
+import ctypes, errno, os, select, sys, _signal, _socket
 PR_GET_DUMPABLE, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_GET_NO_NEW_PRIVS = 3, 4, 38, 39
-CLONE_PARENT, SIGCHLD = 0x8000, 17
-SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(os.uname().machine)
-MAXFD = os.sysconf("SC_OPEN_MAX")
 libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
 fd, uid, gid = (int(a) for a in sys.argv[1:4])
 sock = _socket.socket(fileno=fd)
 
@@ -664,11 +672,11 @@ def setup():
             fail(f"still privileged after the uid switch: {left} uid {os.getresuid()} gid {os.getresgid()}")
     if libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 0 or libc.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1:
         fail("cannot make itself non-dumpable with no_new_privs")
-    if SYS_CLONE is None:
-        fail(f"no clone syscall number for {os.uname().machine}")
+    if not hasattr(os, "posix_spawn"):
+        fail("no os.posix_spawn")
     os.set_inheritable(fd, False)
     os.closerange(3, fd)
-    os.closerange(fd + 1, MAXFD)
+    os.closerange(fd + 1, os.sysconf("SC_OPEN_MAX"))
 
 
 def recv_exactly(n):
@@ -681,30 +689,12 @@ def recv_exactly(n):
     return bytes(buf)
 
 
-def child(fds, w, cwd, argv, candidates, env):
-    code = errno.EINVAL
-    try:
-        os.setsid()
-        for i, f in enumerate(fds):
-            os.dup2(f, i)
-        os.closerange(3, w)
-        os.closerange(w + 1, MAXFD)
-        os.chdir(cwd)
-        code, last = 0, errno.ENOENT
-        for path in candidates:
-            try:
-                os.execve(path, argv, env)
-            except OSError as e:
-                last = e.errno
-                if e.errno not in (errno.ENOENT, errno.ENOTDIR) and not code:
-                    code = e.errno
-        code = code or last
-    except OSError as e:
-        code = e.errno
-    except BaseException:
-        pass
-    os.write(w, b"%d" % (code or errno.EINVAL))
-    os._exit(127)
+def send(kind, pid, value, fds=()):
+    msg = kind.to_bytes(8, "little") + pid.to_bytes(8, "little", signed=True) + value.to_bytes(8, "little", signed=True)
+    anc = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, b"".join(f.to_bytes(4, sys.byteorder) for f in fds))] if fds else []
+    sent = sock.sendmsg([msg], anc)
+    if sent < len(msg):
+        sock.sendall(msg[sent:])
 
 
 def spawn(record, fds):
@@ -713,38 +703,76 @@ def spawn(record, fds):
     argv, n = parts[2:2 + argc], int(parts[2 + argc])
     candidates = parts[3 + argc:3 + argc + n]
     env = dict(item.partition(b"=")[::2] for item in parts[3 + argc + n:])
-    r, w = os.pipe()
-    pid = libc.syscall(ctypes.c_long(SYS_CLONE), ctypes.c_long(CLONE_PARENT | SIGCHLD), ctypes.c_long(0),
-                       ctypes.c_long(0), ctypes.c_long(0), ctypes.c_long(0))
-    if pid == 0:
-        child(fds, w, cwd, argv, candidates, env)
-    err = ctypes.get_errno() if pid < 0 else 0
-    os.close(w)
-    report = b""
-    while chunk := os.read(r, 64):  # EOF: the exec closed it; else the child's errno
-        report += chunk
-    os.close(r)
-    if pid < 0:
-        return 0, err
-    return (0, int(report)) if report else (pid, 0)
+    try:
+        os.chdir(cwd)
+    except OSError as e:
+        return 0, e.errno
+    first = 0
+    for path in candidates:  # like Popen: every candidate in turn, the first error other than "not there" wins
+        try:
+            os.stat(path)  # a missing candidate costs a stat, not a spawn
+            return os.posix_spawn(path, argv, env, setsid=True,
+                                  file_actions=[(os.POSIX_SPAWN_DUP2, f, i) for i, f in enumerate(fds)]), 0
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR) and not first:
+                first = e.errno
+    return 0, first or errno.ENOENT
+
+
+def serve_one():
+    head, anc, _, _ = sock.recvmsg(8, _socket.CMSG_SPACE(3 * 4), _socket.MSG_CMSG_CLOEXEC)
+    if not head:
+        sys.exit(0)
+    fds = [int.from_bytes(data[i:i + 4], sys.byteorder) for level, kind, data in anc
+           if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS for i in range(0, len(data) - 3, 4)]
+    try:
+        head += recv_exactly(8 - len(head))
+        record = recv_exactly(int.from_bytes(head, "little"))
+        pid, err = spawn(record, fds) if len(fds) == 3 else (0, errno.EBADF)
+    finally:
+        for f in fds:
+            os.close(f)
+    pidfd = []
+    if pid:
+        try:
+            pidfd = [os.pidfd_open(pid)]  # before any waitpid: it is this very process
+        except (AttributeError, OSError):
+            pass
+    send(1, pid, err, pidfd)
+    for f in pidfd:
+        os.close(f)
+
+
+def reap():
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if not pid:
+            return
+        send(2, pid, os.waitstatus_to_exitcode(status))
 
 
 def serve():
-    space = _socket.CMSG_SPACE(3 * 4)
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    _signal.set_wakeup_fd(w)
+    _signal.signal(_signal.SIGCHLD, lambda signum, frame: None)
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    poller.register(r, select.POLLIN)
     while True:
-        head, anc, _, _ = sock.recvmsg(8, space, _socket.MSG_CMSG_CLOEXEC)
-        if not head:
-            return
-        fds = [int.from_bytes(data[i:i + 4], sys.byteorder) for level, kind, data in anc
-               if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS for i in range(0, len(data) - 3, 4)]
-        head += recv_exactly(8 - len(head))
-        record = recv_exactly(int.from_bytes(head, "little"))
-        try:
-            pid, err = spawn(record, fds) if len(fds) == 3 else (0, errno.EBADF)
-        finally:
-            for f in fds:
-                os.close(f)
-        sock.sendall(pid.to_bytes(8, "little", signed=True) + err.to_bytes(8, "little", signed=True))
+        for ready, _ in poller.poll():
+            if ready == r:
+                try:
+                    os.read(r, 4096)
+                except BlockingIOError:
+                    pass
+                reap()
+            else:
+                serve_one()
 
 
 setup()
@@ -752,23 +780,112 @@ sock.sendall(b"R")
 serve()
 '''
 SPAWNER_START_TIMEOUT_S = 30.0  # a spawner not ready by then (or by the exec's deadline) is treated as gone
+STATUS_GRACE_S = 1.0  # after a command exited, how long its exit code may take to come from the spawner
+_SPAWNED, _EXITED = 1, 2
 
 
 class SpawnerLost(Exception):
     """The spawner died (or stopped answering) before it answered a request: something of the command user (the
     policy's processes, the commands' memory limit) killed or stopped it, so the exec that needed it fails as the
-    policy's doing. The next exec starts a fresh one."""
+    policy's doing. The next exec starts a fresh one. `killed_in_flight`: it died after the request left, so the
+    command may have run (and may be what killed it: `kill -9 -1` can beat the spawner's answer)."""
+
+    def __init__(self, message: str, killed_in_flight: bool = False) -> None:
+        super().__init__(message)
+        self.killed_in_flight = killed_in_flight
 
 
 class SpawnerUnusable(Exception):
     """The spawner cannot work here at all (its setup failed): the agent falls back to setpriv per command."""
 
 
-class _Spawned:
-    """The Popen-like face of a command started by the spawner: pid, the agent's ends of its pipes, returncode."""
+class _GoneBefore(SpawnerLost):
+    """The spawner was gone before the request left: nothing was started, the request can go to a fresh one."""
 
-    def __init__(self, pid: int, stdin: int | None, stdout: int, stderr: int) -> None:
-        self.pid = pid
+    def __init__(self) -> None:
+        super().__init__("the command spawner was killed before the request (by the sandbox's own processes or the "
+                         "commands' memory limit), and again after a restart")
+
+
+class _Link:
+    """One spawner process and what the agent learnt from it: the answer to the request in flight, the exit codes
+    of its commands, and whether it is gone (`lost`: EOF on its socket). A reader thread fills it."""
+
+    def __init__(self, sock: socket.socket, proc: subprocess.Popen, cond: threading.Condition) -> None:
+        self.sock, self.proc, self.cond = sock, proc, cond
+        self.tx = sock.dup()  # requests go out with a timeout (which makes the shared file non-blocking)
+        self.pidfd = _pidfd(proc.pid)
+        self.answer: tuple[int, int, int | None] | None = None
+        self.codes: dict[int, int] = {}
+        self.lost = False
+
+    def start_reader(self) -> None:
+        threading.Thread(target=self._read, name="spawner-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        buf, fds = b"", []
+        poller = select.poll()  # the socket is non-blocking: `tx`, its dup, sends with a timeout
+        poller.register(self.sock, select.POLLIN)
+        try:
+            while True:
+                try:
+                    data, anc, _, _ = self.sock.recvmsg(24 - len(buf), socket.CMSG_SPACE(4),
+                                                        socket.MSG_CMSG_CLOEXEC)
+                except BlockingIOError:
+                    poller.poll()
+                    continue
+                if not data:
+                    break
+                fds += [fd for level, kind, raw in anc if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                        for fd in array.array("i", raw[:len(raw) - len(raw) % 4])]
+                buf += data
+                if len(buf) < 24:
+                    continue
+                kind, pid, value = (int.from_bytes(buf[i:i + 8], "little", signed=True) for i in (0, 8, 16))
+                buf = b""
+                with self.cond:
+                    if kind == _SPAWNED:
+                        self.answer, fds = (pid, value, fds[0] if fds else None), fds[1:]
+                    else:
+                        self.codes[pid] = value
+                    self.cond.notify_all()
+        except OSError:
+            pass
+        finally:
+            for fd in fds:
+                os.close(fd)
+            self.sock.close()
+            with self.cond:
+                self.lost = True
+                self.cond.notify_all()
+
+    def exited(self, pid: int) -> bool:
+        with self.cond:
+            return pid in self.codes or self.lost
+
+    def discard(self) -> None:
+        """Close its socket (it exits at EOF; the reader sees EOF) and SIGKILL it (it may be stopped)."""
+        self.tx.close()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if self.pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+            os.close(self.pidfd)
+            self.pidfd = None
+        self.proc.returncode = -signal.SIGKILL  # the reaper reaps it; Popen must never waitpid this pid again
+
+
+class _Spawned:
+    """The Popen-like face of a command started by the spawner: pid, a pidfd (when the kernel has them), the
+    agent's ends of its pipes, and the spawner (`link`) that reports its exit code."""
+
+    def __init__(self, link: _Link, pid: int, pidfd: int | None, stdin: int | None, stdout: int, stderr: int) -> None:
+        self.link, self.pid, self.pidfd = link, pid, pidfd
         self.stdin = open(stdin, "wb", buffering=0) if stdin is not None else None
         self.stdout = open(stdout, "rb", buffering=0)
         self.stderr = open(stderr, "rb", buffering=0)
@@ -777,30 +894,35 @@ class _Spawned:
 
 class Spawner:
     """A persistent fork server (SPAWNER_SOURCE) that already runs as the command user and in the `commands` cgroup,
-    so a command costs one clone + exec instead of setpriv's extra exec (and, under cgroup v2, /bin/sh's). It is a
-    process of the command user, so the policy can kill or stop it (its own loss: the exec waiting on it fails as
-    the policy's, the next one starts a fresh spawner) but cannot ptrace it or read its memory (non-dumpable) nor
-    reach its socket (a socketpair only the agent holds; every other fd closed). /kill_all kills it with the rest."""
+    so a command costs one vfork + exec instead of setpriv's fork + extra exec (and, under cgroup v2, /bin/sh's).
+    It is the commands' parent and reports their exit codes; their orphans still go to the agent (the subreaper).
+    It is a process of the command user, so the policy can kill or stop it (its own loss: the exec waiting on it
+    fails or loses its exit code as the policy's doing, the next one starts a fresh spawner) but cannot ptrace it
+    or read its memory (non-dumpable) nor reach its socket (a socketpair only the agent holds; every other fd
+    closed). /kill_all kills it with the rest."""
 
     def __init__(self, identity: Identity, cgroup: CommandCgroup) -> None:
         self._ids = (identity.uid, identity.gid) if identity.separated else (-1, -1)
         self._cgroup = cgroup
-        self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
-        self._proc: subprocess.Popen | None = None
-        self._pidfd: int | None = None
+        self._lock = threading.Lock()  # one request at a time; guards _link
+        self._cond = threading.Condition()  # what the reader threads learn
+        self._link: _Link | None = None
+        self.unusable = False  # its setup failed here: commands start through setpriv
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        link = self._link
+        return link.proc.pid if link is not None else None
 
     def ensure(self, deadline: float) -> None:
         """A live, ready spawner: the current one, or a fresh one when it is gone (killed by /kill_all, the policy
         or the memory limit). Raises SpawnerUnusable when it cannot work here, SpawnerLost when it did not start."""
         with self._lock:
-            if self._sock is not None and not _readable(self._sock):  # it never speaks unasked: EOF means gone
+            if self._link is not None and not self._link.lost and not _hung_up(self._link.sock):
                 return
-            self._discard()
+            if self._link is not None:
+                self._link.discard()
+                self._link = None
             a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             argv = self._cgroup.wrap([sys.executable, "-I", "-S", "-c", SPAWNER_SOURCE, str(b.fileno()),
                                       *map(str, self._ids)])
@@ -810,93 +932,117 @@ class Spawner:
                     close_fds=True))
             except OSError as e:
                 a.close()
+                if e.errno in (errno.EAGAIN, errno.ENOMEM):  # the commands' pids or memory are full: this exec's
+                    raise                                      # failure (as Popen's would be), not the spawner's
                 raise SpawnerUnusable(f"cannot start {sys.executable!r}: {e}") from None
             finally:
                 b.close()
-            self._sock, self._proc, self._pidfd = a, proc, _pidfd(proc.pid)
+            link = _Link(a, proc, self._cond)
             try:
                 a.settimeout(max(min(deadline, time.monotonic() + SPAWNER_START_TIMEOUT_S) - time.monotonic(),
                                  0.001))
                 ready = a.recv(4096)
+                a.settimeout(None)
             except OSError:
                 ready = b""
             if ready != b"R":
-                self._discard()
+                link.discard()
+                a.close()
                 if ready.startswith(b"F"):
                     raise SpawnerUnusable(ready[1:].decode(errors="replace"))
                 raise SpawnerLost("the command spawner did not start (killed, stopped or out of memory)")
+            link.start_reader()
+            self._link = link
 
     def spawn(self, run: "ExecRun", deadline: float) -> _Spawned:
-        """Start `run`'s command through the spawner: its pid (a child of the agent) and the agent's pipe ends.
-        Raises OSError like Popen when the command cannot be executed, SpawnerLost when the spawner is gone."""
+        """Start `run`'s command through the spawner: its pid and pidfd and the agent's pipe ends. Raises OSError
+        like Popen when the command cannot be executed, SpawnerLost when the spawner is gone or stopped."""
         record = _spawn_record(run)
         stdin_r, stdin_w = os.pipe() if run.stdin is not None else (os.open(os.devnull, os.O_RDONLY), None)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        ours = (stdin_w, out_r, err_r)
         try:
-            pid, err = self._request(record, (stdin_r, out_w, err_w), deadline)
+            link, (pid, err, pidfd) = self._request(record, (stdin_r, out_w, err_w), deadline)
         except BaseException:
-            for fd in (stdin_w, out_r, err_r):
-                if fd is not None:
-                    os.close(fd)
+            _close(ours)
             raise
         finally:
-            for fd in (stdin_r, out_w, err_w):
-                os.close(fd)
+            _close((stdin_r, out_w, err_w))
         if err:
-            for fd in (stdin_w, out_r, err_r):
-                if fd is not None:
-                    os.close(fd)
+            _close(ours)
             raise OSError(err, os.strerror(err))
-        return _Spawned(pid, stdin_w, out_r, err_r)
+        return _Spawned(link, pid, pidfd, *ours)
 
-    def _request(self, record: bytes, fds: tuple[int, int, int], deadline: float) -> tuple[int, int]:
+    def _request(self, record: bytes, fds: tuple[int, int, int],
+                 deadline: float) -> tuple[_Link, tuple[int, int, int | None]]:
         with self._lock:
-            sock = self._sock
-            if sock is None:
-                raise SpawnerLost("the command spawner is gone (killed by the sandbox's own processes)")
+            link = self._link
+            if link is None or link.lost:
+                raise SpawnerLost("the command spawner was killed before it started the command (by the sandbox's "
+                                  "own processes or the commands' memory limit); the next exec starts a fresh one")
+            with self._cond:
+                link.answer = None
             try:
-                sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                sock.sendmsg([len(record).to_bytes(8, "little")],
-                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())])
-                sock.sendall(record)
-                reply = b""
-                while len(reply) < 16:
-                    chunk = sock.recv(16 - len(reply))
-                    if not chunk:
-                        raise ConnectionResetError("EOF")
-                    reply += chunk
-            except OSError as e:
-                self._discard()
-                why = "stopped answering" if isinstance(e, TimeoutError) else "was killed"
-                raise SpawnerLost(f"the command spawner {why} before it started the command (the sandbox's own "
-                                  "processes or the commands' memory limit); the next exec starts a fresh one") \
-                    from None
-        return int.from_bytes(reply[:8], "little", signed=True), int.from_bytes(reply[8:], "little", signed=True)
-
-    def _discard(self) -> None:
-        """Forget the current spawner: close its socket (it exits at EOF) and SIGKILL it (it may be stopped)."""
-        if self._sock is not None:
-            self._sock.close()
-        if self._pidfd is not None:
-            try:
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                link.tx.settimeout(max(deadline - time.monotonic(), 0.001))
+                link.tx.sendmsg([len(record).to_bytes(8, "little")],
+                                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())])
+                link.tx.sendall(record)
+            except (BrokenPipeError, ConnectionResetError):  # it was gone before this request: start a fresh one
+                link.discard()
+                self._link = None
+                raise _GoneBefore() from None
             except OSError:
-                pass
-            os.close(self._pidfd)
-        if self._proc is not None:
-            self._proc.returncode = -signal.SIGKILL  # the reaper reaps it; Popen must never waitpid this pid again
-        self._sock = self._proc = self._pidfd = None
+                pass  # stopped (no answer comes) or gone meanwhile (the reader sees EOF): told apart below
+            with self._cond:
+                self._cond.wait_for(lambda: link.answer is not None or link.lost,
+                                    max(deadline - time.monotonic(), 0))
+                answer = link.answer
+            if answer is None:
+                stopped = not link.lost
+                link.discard()
+                self._link = None
+                if stopped:
+                    raise SpawnerLost("the command spawner stopped answering before it started the command (stopped "
+                                      "by the sandbox's own processes); the next exec starts a fresh one")
+                raise SpawnerLost("the command spawner was killed while it started the command (by the sandbox's "
+                                  "own processes, maybe this command, or the commands' memory limit): exit code "
+                                  "unknown; the next exec starts a fresh one", killed_in_flight=True)
+            return link, answer
+
+    def wait(self, proc: _Spawned) -> int | None:
+        """The exit code of `proc` (which exited, or was just killed) as its spawner reports it; None when that
+        spawner died, or did not report it within STATUS_GRACE_S (stopped by the policy): it is then discarded
+        (SIGKILL), so its children, `proc` included, go to the agent's reaper."""
+        link = proc.link
+        with self._cond:
+            self._cond.wait_for(lambda: proc.pid in link.codes or link.lost, STATUS_GRACE_S)
+            code = link.codes.pop(proc.pid, None)
+        if code is None:
+            with self._lock:
+                link.discard()
+                if self._link is link:
+                    self._link = None
+        return code
 
     def close(self) -> None:
         with self._lock:
-            self._discard()
+            if self._link is not None:
+                self._link.discard()
+                self._link = None
 
 
-def _readable(sock: socket.socket) -> bool:
+def _hung_up(sock: socket.socket) -> bool:
+    """The peer closed its end (the spawner exited), whether or not the reader thread has seen the EOF yet."""
     poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    return bool(poller.poll(0))
+    poller.register(sock, select.POLLRDHUP | select.POLLHUP)
+    return any(ev & (select.POLLRDHUP | select.POLLHUP) for _, ev in poller.poll(0))
+
+
+def _close(fds: "tuple[int | None, ...]") -> None:
+    for fd in fds:
+        if fd is not None:
+            os.close(fd)
 
 
 def _spawn_record(run: "ExecRun") -> bytes:
@@ -945,11 +1091,23 @@ class Reaper:
         with self._cond:
             return pid in self._status
 
-    def wait(self, pid: int) -> int:
-        """The exit code of a tracked child (negative: killed by that signal), once it exited."""
+    def adopt(self, pid: int) -> None:
+        """Keep `pid`'s exit code should it become the agent's child (a command whose spawner died: orphans are
+        re-parented to the agent); `forget` it once its exit code is known."""
         with self._cond:
-            while pid not in self._status:
-                self._cond.wait()
+            self._tracked.add(pid)
+
+    def forget(self, pid: int) -> None:
+        with self._cond:
+            self._tracked.discard(pid)
+            self._status.pop(pid, None)
+
+    def wait(self, pid: int, timeout: float | None = None) -> int | None:
+        """The exit code of a tracked child (negative: killed by that signal), once it exited; None when it did not
+        within `timeout` seconds."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: pid in self._status, timeout):
+                return None
             self._tracked.discard(pid)
             return self._status.pop(pid)
 
@@ -1030,7 +1188,8 @@ class Agent:
             return _result(code, b"", f"{argv[0]}: {e.strerror or e}\n".encode(), False, False, start)
         except SpawnerLost as e:  # the policy killed or stopped the spawner: its failure, a result like the above
             late = time.monotonic() >= start + timeout
-            return _result(None if late else 126, b"", f"agent: {e}\n".encode(), late, False, start)
+            code = None if late else -signal.SIGKILL if e.killed_in_flight else 126
+            return _result(code, b"", f"agent: {e}\n".encode(), late, False, start)
         with self._lock:
             self._groups.add(proc.pid)
         try:
@@ -1046,14 +1205,20 @@ class Agent:
         """Start `run`'s command as the command user in `commands`: through the spawner (one clone + exec), or,
         without separation or where the spawner cannot work, with Popen (through setpriv / the cgroup shell)."""
         spawner = self._spawner
-        if spawner is not None:
+        if spawner is not None and not spawner.unusable:
             try:
                 spawner.ensure(deadline)
-                return self._reaper.spawn(lambda: spawner.spawn(run, deadline))  # tracked before the reaper decides
+                try:
+                    proc = spawner.spawn(run, deadline)
+                except _GoneBefore:
+                    spawner.ensure(deadline)
+                    proc = spawner.spawn(run, deadline)
+                self._reaper.adopt(proc.pid)  # its exit code, should the policy kill the spawner meanwhile
+                return proc
             except SpawnerUnusable as e:
                 print(f"agent: the command spawner cannot work here ({e}); commands start through setpriv",
                       file=sys.stderr, flush=True)
-                self._spawner = None
+                spawner.unusable = True
         proc = self.cgroup.start(lambda: self._reaper.spawn(run.start))
         if not _prefer_oom_kill(proc.pid):  # setpriv has not switched uid yet: the file is still root's, or
             with self.identity.files():  # it has (or Popen did): the file is the command user's
@@ -1061,19 +1226,41 @@ class Agent:
         return proc
 
     def _finish(self, run: ExecRun, proc: "subprocess.Popen | _Spawned", deadline: float, start: float) -> dict:
+        spawned = isinstance(proc, _Spawned)
+        exited = (lambda: proc.link.exited(proc.pid)) if spawned else (lambda: self._reaper.exited(proc.pid))
         try:
-            closed = run.pump(proc, deadline, lambda: self._reaper.exited(proc.pid), self.exit_grace_s)
+            closed = run.pump(proc, deadline, exited, self.exit_grace_s)
         except BaseException:
             _killpg(proc.pid)
             raise
         if not closed:
             _killpg(proc.pid)  # pgid == pid of the main process (start_new_session); also kills SIGTERM-ignorers
             run.drain(proc, DRAIN_AFTER_KILL_S)
-        code = proc.returncode = self._reaper.wait(proc.pid)  # the reaper collected it (never Popen.wait)
+        if spawned:
+            code = proc.returncode = self._spawner_wait(proc, deadline, run)
+        else:
+            code = proc.returncode = self._reaper.wait(proc.pid)  # the reaper collected it (never Popen.wait)
         for stream in (proc.stdout, proc.stderr, proc.stdin):
             if stream is not None:
                 stream.close()
         return _result(None if run.timed_out else code, run.out, run.err, run.timed_out, run.truncated, start)
+
+    def _spawner_wait(self, proc: _Spawned, deadline: float, run: ExecRun) -> int:
+        """The command's exit code from its spawner or, when the policy killed (or stopped) the spawner meanwhile,
+        from the reaper (the command was re-parented to the agent); 126 and a note when neither has it."""
+        try:
+            code = self._spawner.wait(proc)
+            if code is None:
+                code = self._reaper.wait(proc.pid, STATUS_GRACE_S)
+        finally:
+            self._reaper.forget(proc.pid)
+            if proc.pidfd is not None:
+                os.close(proc.pidfd)
+        if code is None:  # lost between the spawner's answer and adopt(): the policy's doing
+            run.err += b"\nagent: the command's exit code was lost: its spawner was killed or stopped (by the " \
+                       b"sandbox's own processes or the commands' memory limit)\n"
+            return 126
+        return code
 
     def write(self, req: dict) -> dict:
         content, mode = req.get("content_b64") or "", req.get("mode", 0o644)

@@ -45,10 +45,10 @@ async def agent_of(sb: Sandbox) -> tuple[int, str]:
 
 
 # prints the pids of the command spawner(s) of the sandbox (processes of the caller's uid running the agent's
-# fork server, whose source names CLONE_PARENT), found through /proc/*/cmdline like FIND_AGENT
+# fork server, whose source starts with a comment naming it), found through /proc/*/cmdline like FIND_AGENT
 FIND_SPAWNER = r"""
 import os
-marker = b"CLONE_" + b"PARENT"  # not literally in this script's own command line
+marker = b"agentrl command " + b"spawner"  # not literally in this script's own command line
 for pid in os.listdir("/proc"):
     try:
         argv = open(f"/proc/{pid}/cmdline", "rb").read()
@@ -170,10 +170,16 @@ async def attack_kill_the_spawner(sb: Sandbox) -> None:
 
 
 async def attack_stop_the_spawner(sb: Sandbox) -> None:
-    """A stopped spawner costs the exec that needed it (timed out, the policy's) and nothing else."""
+    """A stopped spawner costs the exec that needs it and nothing else: one whose command it started gets its exit
+    code from the agent once the spawner is replaced (STATUS_GRACE_S later); one it should start times out."""
     pid = await spawner_of(sb)
-    r = await sb.exec(f"sleep 1; kill -STOP {pid}")
+    r = await sb.exec(f"sleep 0.5; kill -STOP {pid}; echo stopped")
+    assert r.exit_code == 0 and r.stdout == "stopped\n", r
+    await still_serves(sb)
+    pid = await spawner_of(sb)
+    r = await sb.exec(f"(sleep 0.3; kill -STOP {pid}) >/dev/null 2>&1 &")
     assert r.exit_code == 0, r
+    await asyncio.sleep(2.0)
     r = await sb.exec(["true"], timeout=1)
     assert r.timed_out and r.exit_code is None and "spawner stopped answering" in r.stderr, r
     await still_serves(sb)
