@@ -884,7 +884,8 @@ class _Spawned:
     """The Popen-like face of a command started by the spawner: pid, a pidfd (when the kernel has them), the
     agent's ends of its pipes, and the spawner (`link`) that reports its exit code."""
 
-    def __init__(self, link: _Link, pid: int, pidfd: int | None, stdin: int | None, stdout: int, stderr: int) -> None:
+    def __init__(self, link: _Link | None, pid: int, pidfd: int | None, stdin: int | None, stdout: int,
+                 stderr: int) -> None:
         self.link, self.pid, self.pidfd = link, pid, pidfd
         self.stdin = open(stdin, "wb", buffering=0) if stdin is not None else None
         self.stdout = open(stdout, "rb", buffering=0)
@@ -901,9 +902,9 @@ class Spawner:
     or read its memory (non-dumpable) nor reach its socket (a socketpair only the agent holds; every other fd
     closed). /kill_all kills it with the rest."""
 
-    def __init__(self, identity: Identity, cgroup: CommandCgroup) -> None:
+    def __init__(self, identity: Identity, cgroup: CommandCgroup, reaper: "Reaper") -> None:
         self._ids = (identity.uid, identity.gid) if identity.separated else (-1, -1)
-        self._cgroup = cgroup
+        self._identity, self._cgroup, self._reaper = identity, cgroup, reaper
         self._lock = threading.Lock()  # one request at a time; guards _link
         self._cond = threading.Condition()  # what the reader threads learn
         self._link: _Link | None = None
@@ -963,7 +964,13 @@ class Spawner:
         err_r, err_w = os.pipe()
         ours = (stdin_w, out_r, err_r)
         try:
-            link, (pid, err, pidfd) = self._request(record, (stdin_r, out_w, err_w), deadline)
+            try:
+                link, (pid, err, pidfd) = self._request(record, (stdin_r, out_w, err_w), deadline)
+            except SpawnerLost as e:
+                pid = self._orphan(out_r) if e.killed_in_flight else None
+                if pid is None:
+                    raise
+                link, err, pidfd = None, 0, _pidfd(pid)
         except BaseException:
             _close(ours)
             raise
@@ -973,6 +980,24 @@ class Spawner:
             _close(ours)
             raise OSError(err, os.strerror(err))
         return _Spawned(link, pid, pidfd, *ours)
+
+    def _orphan(self, out_r: int) -> int | None:
+        """The command a spawner killed in flight did start, when a child of the agent (where the kernel re-parents
+        the dead spawner's children) holds the write end of its stdout pipe: that child's pid, adopted by the reaper;
+        else None. (`kill -9 -1` as a command's first act can beat the spawner's answer.)"""
+        target, me = f"pipe:[{os.fstat(out_r).st_ino}]", os.getpid()
+        with self._identity.files():  # /proc/PID/fd of the command user's processes: their fsuid may look
+            for name in os.listdir("/proc"):
+                fields = _proc_fields(name) if name.isdigit() else None
+                if fields is None or fields[1] != me:
+                    continue
+                try:
+                    if os.readlink(f"/proc/{name}/fd/1") == target:
+                        self._reaper.adopt(int(name))
+                        return int(name)
+                except OSError:
+                    continue
+        return None
 
     def _request(self, record: bytes, fds: tuple[int, int, int],
                  deadline: float) -> tuple[_Link, tuple[int, int, int | None]]:
@@ -1000,6 +1025,8 @@ class Spawner:
                 answer = link.answer
             if answer is None:
                 stopped = not link.lost
+                if not stopped and link.pidfd is not None:  # until it has exited: its children are re-parented
+                    select.select([link.pidfd], [], [], STATUS_GRACE_S)
                 link.discard()
                 self._link = None
                 if stopped:
@@ -1015,6 +1042,8 @@ class Spawner:
         spawner died, or did not report it within STATUS_GRACE_S (stopped by the policy): it is then discarded
         (SIGKILL), so its children, `proc` included, go to the agent's reaper."""
         link = proc.link
+        if link is None:  # found as an orphan: the reaper has its exit code
+            return None
         with self._cond:
             self._cond.wait_for(lambda: proc.pid in link.codes or link.lost, STATUS_GRACE_S)
             code = link.codes.pop(proc.pid, None)
@@ -1145,8 +1174,8 @@ class Agent:
         self._reaper = Reaper()
         self._kill_lock = threading.Lock()
         # separated (by uid or by cgroup): commands start through a fork server that is already where they belong
-        self._spawner = Spawner(self.identity, self.cgroup) if self.identity.separated or self.cgroup.enabled \
-            else None
+        self._spawner = Spawner(self.identity, self.cgroup, self._reaper) \
+            if self.identity.separated or self.cgroup.enabled else None
 
     def dispatch(self, method: str, path: str, body: bytes) -> dict:
         routes = {("GET", "/health"): self.health, ("POST", "/exec"): self.exec, ("POST", "/write"): self.write,
@@ -1227,7 +1256,8 @@ class Agent:
 
     def _finish(self, run: ExecRun, proc: "subprocess.Popen | _Spawned", deadline: float, start: float) -> dict:
         spawned = isinstance(proc, _Spawned)
-        exited = (lambda: proc.link.exited(proc.pid)) if spawned else (lambda: self._reaper.exited(proc.pid))
+        exited = (lambda: proc.link.exited(proc.pid)) if spawned and proc.link is not None \
+            else (lambda: self._reaper.exited(proc.pid))
         try:
             closed = run.pump(proc, deadline, exited, self.exit_grace_s)
         except BaseException:

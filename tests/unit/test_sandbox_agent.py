@@ -385,6 +385,18 @@ def test_separated_commands_start_without_an_exec_of_setpriv_per_command(separat
     assert true["exit_code"] == 0 and parent["stdout"].split() == [str(report["popen"][0]["pid"]), "1000"], report
 
 
+async def test_a_command_that_kills_its_spawner_at_once_keeps_its_result(separated) -> None:
+    """`kill -9 -1` as a command's first act kills the spawner, often before the spawner answered the agent: the
+    agent then finds the command among its re-parented children (by its stdout pipe) and still returns its output
+    and exit code; the next exec gets a fresh spawner."""
+    sb, proc, ws, uid = separated
+    for i in range(8):
+        r = await sb.exec(f"kill -9 -1; sleep 0.2; echo survived {i}; exit 3")
+        assert (r.exit_code, r.stdout) == (3, f"survived {i}\n"), r
+    assert (await sb.exec("echo ok")).stdout == "ok\n" and proc.poll() is None
+    await sb.close()
+
+
 # ---------------------------------------------------------------- hostile paths (issue 22)
 
 CHAIN = ("import os\nos.makedirs('links', exist_ok=True)\nos.symlink('../target.py', 'links/{path}0')\n"
