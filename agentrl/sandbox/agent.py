@@ -964,10 +964,11 @@ class Spawner:
         err_r, err_w = os.pipe()
         ours = (stdin_w, out_r, err_r)
         try:
+            since = _boot_ticks() - 1
             try:
                 link, (pid, err, pidfd) = self._request(record, (stdin_r, out_w, err_w), deadline)
             except SpawnerLost as e:
-                pid = self._orphan(out_r) if e.killed_in_flight else None
+                pid = self._orphan(out_r, since) if e.killed_in_flight else None
                 if pid is None:
                     raise
                 link, err, pidfd = None, 0, _pidfd(pid)
@@ -981,10 +982,22 @@ class Spawner:
             raise OSError(err, os.strerror(err))
         return _Spawned(link, pid, pidfd, *ours)
 
-    def _orphan(self, out_r: int) -> int | None:
-        """The command a spawner killed in flight did start, when a child of the agent (where the kernel re-parents
-        the dead spawner's children) holds the write end of its stdout pipe: that child's pid, adopted by the reaper;
-        else None. (`kill -9 -1` as a command's first act can beat the spawner's answer.)"""
+    def _orphan(self, out_r: int, since_ticks: int) -> int | None:
+        """The command a spawner killed in flight did start (`kill -9 -1` as a command's first act can beat the
+        spawner's answer), adopted by the reaper: a child of the agent (where the kernel re-parents the dead
+        spawner's children) that holds the write end of its stdout pipe, or, once it exited, the one session leader
+        the reaper reaped that started since the request. None when neither shows up within STATUS_GRACE_S / 4."""
+        end = time.monotonic() + STATUS_GRACE_S / 4
+        self._reaper.expect_orphans(STATUS_GRACE_S / 4)
+        while True:
+            pid = self._live_orphan(out_r)
+            if pid is None:
+                pid = self._reaper.claim_leader(since_ticks)
+            if pid is not None or time.monotonic() > end:
+                return pid
+            time.sleep(0.01)
+
+    def _live_orphan(self, out_r: int) -> int | None:
         target, me = f"pipe:[{os.fstat(out_r).st_ino}]", os.getpid()
         with self._identity.files():  # /proc/PID/fd of the command user's processes: their fsuid may look
             for name in os.listdir("/proc"):
@@ -1106,6 +1119,8 @@ class Reaper:
         self._cond = threading.Condition()
         self._tracked: set[int] = set()
         self._status: dict[int, int] = {}
+        self._leaders: dict[int, tuple[int, int]] = {}  # untracked session leaders reaped lately: (start, code)
+        self._eager_until = 0.0  # until then, look for new children often (orphans arrive without a spawn)
         threading.Thread(target=self._run, name="reaper", daemon=True).start()
 
     def spawn(self, start):  # start: () -> a Popen or a pid
@@ -1125,6 +1140,7 @@ class Reaper:
         re-parented to the agent); `forget` it once its exit code is known."""
         with self._cond:
             self._tracked.add(pid)
+            self._cond.notify_all()
 
     def forget(self, pid: int) -> None:
         with self._cond:
@@ -1140,20 +1156,61 @@ class Reaper:
             self._tracked.discard(pid)
             return self._status.pop(pid)
 
+    def expect_orphans(self, seconds: float) -> None:
+        with self._cond:
+            self._eager_until = time.monotonic() + seconds
+            self._cond.notify_all()
+
+    def claim_leader(self, since_ticks: int) -> int | None:
+        """The one untracked session leader that started at or after `since_ticks` (clock ticks since boot) and was
+        reaped since: tracked from now on, its exit code ready for `wait`. None when there is not exactly one. (A
+        command whose spawner was killed before it answered, and which exited before the agent could find it.)"""
+        with self._cond:
+            found = [pid for pid, (start, _) in self._leaders.items() if start >= since_ticks]
+            if len(found) != 1:
+                return None
+            self._tracked.add(found[0])
+            self._status[found[0]] = self._leaders.pop(found[0])[1]
+            return found[0]
+
     def _run(self) -> None:
         while True:
-            try:
-                pid, status = os.waitpid(-1, 0)
-            except ChildProcessError:  # no children at all: sleep until the next spawn
-                with self._cond:
-                    self._cond.wait(1.0)
+            try:  # look before reaping: an untracked session leader's /proc entry says when it started
+                pid = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT).si_pid
+            except ChildProcessError:  # no children at all: sleep until the next spawn, or (orphans arrive unasked)
+                with self._cond:  # a moment while an adopted command or an orphan is awaited
+                    self._cond.wait(0.005 if self._tracked or time.monotonic() < self._eager_until else 1.0)
                 continue
             except InterruptedError:  # pragma: no cover - PEP 475 retries; defensive
+                continue
+            with self._cond:
+                start = None if pid in self._tracked else _leader_start(pid)
+            try:
+                _, status = os.waitpid(pid, 0)
+            except ChildProcessError:  # pragma: no cover - nobody else waits
                 continue
             with self._cond:
                 if pid in self._tracked:
                     self._status[pid] = os.waitstatus_to_exitcode(status)
                     self._cond.notify_all()
+                elif start is not None:
+                    self._leaders[pid] = (start, os.waitstatus_to_exitcode(status))
+                    if len(self._leaders) > 256:
+                        self._leaders.pop(next(iter(self._leaders)))
+
+
+def _leader_start(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot), if it leads its own session (as every command does)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            rest = f.read().rpartition(b")")[2].split()
+        return int(rest[19]) if int(rest[3]) == pid else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _boot_ticks() -> int:
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
 
 
 class Agent:
