@@ -168,7 +168,8 @@ def table(res: dict[str, Any]) -> str:
 async def compare_agents(args: argparse.Namespace) -> None:
     """(1) through `args.compare_agent` and through this tree's agent, alternately, in fresh containers."""
     spec = SandboxSpec(cpus=1, memory="256m")
-    print("| agent | round | agent exec p50 / p99 | `docker exec` p50 / p99 | speed-up (p50) |\n| --- | --- | --- | --- | --- |")
+    print("| agent | round | agent exec p50 / p99 | `docker exec` p50 / p99 | speed-up (p50) |")
+    print("| --- | --- | --- | --- | --- |")
     for r in range(args.rounds):
         for name, agent_file in (("old", args.compare_agent), ("this tree", None)):
             backend = DockerBackend(agent_file=agent_file)

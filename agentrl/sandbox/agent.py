@@ -22,14 +22,23 @@ and what they create is owned by UID:GID. Without --run-as, commands run as the 
 them from it (`uid_separated: false` in /health). The agent is a child subreaper: orphans of commands are re-parented
 to it (and reaped by it), so "every process a command left behind" is well defined in both modes.
 
+The command spawner (separated by uid or by cgroup): commands are started by a persistent fork server per sandbox
+(`Spawner`, SPAWNER_SOURCE), started once by the agent, that already is UID:GID (no groups, no capabilities,
+no_new_privs) and in `commands`, and is non-dumpable (a command cannot ptrace it or read its memory); it
+posix_spawns (vfork) each command, so a command costs no setpriv (or cgroup shell) exec of its own. It talks only to
+the agent (a socketpair; the command's pipes travel with SCM_RIGHTS), reports each command's pid, pidfd and exit
+code, and is restarted for the next exec when /kill_all or the policy killed it. Where it cannot start, commands
+start through setpriv as before.
+
 Resource separation (`--cgroups v1:D1:D2...` or `--cgroups v2:D`, each D a sandbox cgroup directory with `agent` and
 `commands` children, the agent in `agent`): every command starts in `commands`, which carries the sandbox's memory,
-pids and CPU limits, so a command filling them cannot take the agent's (`resources_separated` in /health). cgroup
-v1: the spawning thread joins `commands` (its `tasks` files) for the fork and returns to `agent`, so no extra
-process is started; v2 (no per-thread membership): the command is started through `/bin/sh -c` which joins
-`commands` before it execs the command. Killing is then done through the cgroup: `cgroup.kill` (v2) or SIGKILL of
-every process in `commands`' cgroup.procs, round after round, no fork needed; and /kill_all removes the sandbox's
-SysV IPC objects (shared memory charged to the commands would otherwise outlive every process).
+pids and CPU limits, so a command filling them cannot take the agent's (`resources_separated` in /health). The
+spawner is started in `commands` (cgroup v1: the spawning thread joins `commands`, its `tasks` files, for the fork
+and returns to `agent`; v2, no per-thread membership: through `/bin/sh -c` which joins `commands` before it execs),
+and so is every command it starts; without the spawner each command is started that way. Killing is then done
+through the cgroup: `cgroup.kill` (v2) or SIGKILL of every process in `commands`' cgroup.procs, round after round, no
+fork needed, until the reaper has released their pids; and /kill_all removes the sandbox's SysV IPC objects (shared
+memory charged to the commands would otherwise outlive every process).
 
 Protocol (JSON bodies, HTTP/1.1 keep-alive with Content-Length). One acceptor thread holds every new connection
 until its first request head is complete (bounded count, size and time) and checks the bearer token; only an
@@ -257,9 +266,8 @@ class CommandCgroup:
 
     def kill(self, deadline_s: float, uncounted: set = frozenset()) -> int:
         """SIGKILL everything in `commands` until it is empty and its pids are released (the reaper reaped them; not
-        waited for past the deadline), cgroup.kill first where the kernel has it; returns
-        how many distinct processes were killed, `uncounted` (the spawner) aside. No fork: a full pids.max cannot
-        stop it."""
+        waited for past the deadline), cgroup.kill first where the kernel has it; returns how many distinct processes
+        were killed, `uncounted` (the spawner) aside. No fork: a full pids.max cannot stop it."""
         seen: set[int] = set()
         end = time.monotonic() + deadline_s
         if self.version == "v2" and os.path.exists(f"{self.dirs[0]}/commands/cgroup.kill"):
