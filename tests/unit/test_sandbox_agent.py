@@ -365,7 +365,8 @@ libc = agent._prctl_setup()
 identity.setup(libc, sys.argv[2])
 a = agent.Agent(sys.argv[2], identity, libc=libc)
 out = [agent._handle(a, "POST", "/exec", json.dumps({"cmd": c}).encode())[1]
-       for c in (["id", "-u"], ["true"], "echo $PPID; cat /proc/self/oom_score_adj", ["no-such-command-x"])]
+       for c in (["id", "-u"], ["true"], "echo $PPID; cat /proc/self/oom_score_adj", ["no-such-command-x"],
+                 "grep -E '^(Cap(Inh|Prm|Eff|Amb)|NoNewPrivs|Groups):' /proc/self/status")]
 print(json.dumps({"results": out, "popen": started}))
 """
 
@@ -378,11 +379,14 @@ def test_separated_commands_start_without_an_exec_of_setpriv_per_command(separat
     out = subprocess.run([sys.executable, "-I", "-c", NO_EXEC_PER_COMMAND, str(Path(AGENT).parent), str(ws),
                           str(uid)], capture_output=True, text=True, timeout=120)
     report = json.loads(out.stdout)
-    ident, true, parent, missing = report["results"]
+    ident, true, parent, missing, privileges = report["results"]
     assert ident["exit_code"] == 0 and ident["stdout"] == f"{uid}\n", report
     assert missing["exit_code"] in (126, 127) and "no-such-command-x" in missing["stderr"], report
     assert len(report["popen"]) == 1 and not any("setpriv" in a for a in report["popen"][0]["argv"]), report
     assert true["exit_code"] == 0 and parent["stdout"].split() == [str(report["popen"][0]["pid"]), "1000"], report
+    fields = dict(line.split(":", 1) for line in privileges["stdout"].splitlines())  # as setpriv's options gave
+    assert {k: v.strip() for k, v in fields.items()} == {"Groups": "", "NoNewPrivs": "1", "CapInh": "0" * 16,
+                                                          "CapPrm": "0" * 16, "CapEff": "0" * 16, "CapAmb": "0" * 16}
 
 
 async def test_a_command_that_kills_its_spawner_at_once_keeps_its_result(separated) -> None:
