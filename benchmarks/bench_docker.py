@@ -7,6 +7,8 @@
 3. throughput: N concurrent sandboxes (default 32) each running short commands back to back: execs/s, and the CPU
    time dockerd used meanwhile (it is not on the hot path, so this should be ~0).
 
+    python benchmarks/bench_docker.py --compare-agent OLD_AGENT.py [--execs 300] [--docker-execs 60] [--rounds 2]
+        # only (1), through OLD_AGENT.py and this tree's agent in turn (same load), `rounds` times each
     python benchmarks/bench_docker.py [--execs 300] [--docker-execs 60] [--leases 40] [--cold 15]
                                       [--concurrency 32] [--seconds 10] [--json FILE]
 
@@ -163,6 +165,24 @@ def table(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+async def compare_agents(args: argparse.Namespace) -> None:
+    """(1) through `args.compare_agent` and through this tree's agent, alternately, in fresh containers."""
+    spec = SandboxSpec(cpus=1, memory="256m")
+    print("| agent | round | agent exec p50 / p99 | `docker exec` p50 / p99 | speed-up (p50) |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in range(args.rounds):
+        for name, agent_file in (("old", args.compare_agent), ("this tree", None)):
+            backend = DockerBackend(agent_file=agent_file)
+            try:
+                res = await bench_exec(backend, spec, args.execs, args.docker_execs)
+            finally:
+                await backend.sweep(run_id=RUN_ID)
+                await backend.close()
+            a, d = res["agent"], res["docker_exec"]
+            print(f"| {name} | {r + 1} | {ms(a['p50'])} / {ms(a['p99'])} | {ms(d['p50'])} / {ms(d['p99'])} | "
+                  f"{d['p50'] / a['p50']:.1f}x |", flush=True)
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     spec = SandboxSpec(cpus=1, memory="256m")
     backend = DockerBackend()
@@ -185,7 +205,12 @@ if __name__ == "__main__":
     p.add_argument("--concurrency", type=int, default=32, help="sandboxes in the throughput run")
     p.add_argument("--seconds", type=float, default=10.0, help="length of the throughput run")
     p.add_argument("--json", type=Path, help="also write the raw numbers here")
+    p.add_argument("--compare-agent", help="an older agent.py: exec round trips through it vs this tree's agent")
+    p.add_argument("--rounds", type=int, default=2, help="--compare-agent: alternations of the two agents")
     a = p.parse_args()
+    if a.compare_agent:
+        asyncio.run(compare_agents(a))
+        sys.exit(0)
     result = asyncio.run(main(a))
     print(table(result))
     if a.json:

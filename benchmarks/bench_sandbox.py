@@ -4,6 +4,10 @@ bare host process spawn. Prints a markdown table (see BENCHMARKS.md for recorded
     python benchmarks/bench_sandbox.py [--backend local] [--leases 30] [--execs 200] [--cpus 0.05]
     python benchmarks/bench_sandbox.py --separation 600   # local: exec round trip, commands in their own cgroup
                                                           # vs one shared budget, interleaved (same machine load)
+    python benchmarks/bench_sandbox.py --compare-agent OLD_AGENT.py --execs 300 [--cpus 0.05] [--shared]
+        # local: exec ['true'] through OLD_AGENT.py (e.g. `git show REV:agentrl/sandbox/agent.py`) and through this
+        # tree's agent, interleaved (same load): round trip p50/p99 and the sandbox cgroup's CPU per exec;
+        # --shared: agent and commands in one CPU budget (as in a Kubernetes pod), not resource-separated
 
 --leases 0 skips the lease measurements; --cpus sets the sandbox's CPU quota (cgroup cpu.max / cfs_quota_us over a
 100 ms period): at 0.05 every exec whose agent + command CPU passes 5 ms in a period waits for the next period.
@@ -13,10 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
+import os
 import statistics
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 from agentrl.sandbox import SandboxPool, SandboxSpec
 
@@ -102,6 +110,57 @@ async def bench_separation(n: int, state_dir: str) -> dict[str, list[float]]:
     return out
 
 
+def _cpu_ns(backend, sandbox_id: str) -> int:
+    """CPU time used so far by the sandbox: its cgroup's usage (v2), or (v1, where the cpu hierarchy keeps no
+    usage) the user + system time of every live process in its cgroup tree plus what they reaped (the agent reaps
+    every command, so finished commands are in its cutime/cstime)."""
+    state = json.loads((backend.state_root / sandbox_id / "state.json").read_text())
+    for d in state["cgroups"]:
+        if Path(d, "cpu.stat").exists() and "usage_usec" in Path(d, "cpu.stat").read_text():  # cgroup v2
+            stat = dict(line.split() for line in Path(d, "cpu.stat").read_text().splitlines())
+            return int(stat["usage_usec"]) * 1000
+    ticks = 0
+    for procs in Path(state["cgroups"][0]).rglob("cgroup.procs"):
+        for pid in procs.read_text().split():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            ticks += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+async def bench_compare_agent(old_agent: str, spec: SandboxSpec, n: int, shared: bool,
+                              state_dir: str) -> dict[str, list[float]]:
+    """exec ['true'] in turn through `old_agent`, through this tree's agent, and through this tree's agent
+    without uid separation (a user namespace, no --run-as: the cost before uid separation), each in its own local
+    sandbox of `spec`; returns round trips and, under "<key>_cpu", the sandbox's CPU seconds per exec."""
+    from agentrl.sandbox.local import LocalBackend
+
+    backends = {key: LocalBackend(state_dir=state_dir, separate_resources=not shared)
+                for key in ("single_uid", "old", "new")}
+    backends["old"]._agent_file = old_agent
+    backends["single_uid"].uid_separated = False
+    out: dict[str, list[float]] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        arms = []
+        for key, backend in backends.items():
+            pool = await stack.enter_async_context(SandboxPool(backend, spec, max_sandboxes=1))
+            arms.append((key, await stack.enter_async_context(pool.lease()), backend))
+        for _ in range(20):
+            for _, sb, _ in arms:
+                await sb.exec(["true"])
+        cpu0 = {key: _cpu_ns(backend, sb.id) for key, sb, backend in arms}
+        for i in range(n):
+            for key, sb, _ in arms[i % 3:] + arms[:i % 3]:
+                t0 = time.perf_counter()
+                await sb.exec(["true"])
+                out.setdefault(key, []).append(time.perf_counter() - t0)
+        for key, sb, backend in arms:
+            out[f"{key}_cpu"] = [(_cpu_ns(backend, sb.id) - cpu0[key]) / n / 1e9]
+    return out
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="local")
@@ -109,7 +168,24 @@ async def main() -> None:
     ap.add_argument("--execs", type=int, default=200)
     ap.add_argument("--cpus", type=float, default=None, help="the sandbox's CPU quota (default: SandboxSpec's)")
     ap.add_argument("--separation", type=int, default=0, help="only the separated-vs-shared exec comparison, N each")
+    ap.add_argument("--compare-agent", default=None, help="an older agent.py: exec through it vs this tree's agent")
+    ap.add_argument("--shared", action="store_true", help="--compare-agent: agent and commands share one budget")
     args = ap.parse_args()
+    if args.compare_agent:
+        spec = SandboxSpec() if args.cpus is None else SandboxSpec(cpus=args.cpus)
+        with tempfile.TemporaryDirectory(prefix="agrl-bench-", dir="/tmp") as state_dir:
+            cmp = await bench_compare_agent(args.compare_agent, spec, args.execs, args.shared, state_dir)
+        base = statistics.median(cmp["old"]) * 1000
+        budget = "one shared budget" if args.shared else "commands in their own cgroup"
+        print(f"local, cpus={spec.cpus}, {budget}\n")
+        print("| exec ['true'] round trip | N | p50 ms | p99 ms | ratio (p50) | sandbox CPU per exec, ms |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for key, name in (("old", f"agent {args.compare_agent}, uid-separated"),
+                          ("new", "agent of this tree, uid-separated"),
+                          ("single_uid", "agent of this tree, single uid (no --run-as, user namespace)")):
+            cpu = statistics.median(cmp[f"{key}_cpu"]) * 1000
+            print(f"{_row(name, cmp[key], None if key == 'old' else base)} {cpu:.2f} |")
+        return
     if args.separation:
         with tempfile.TemporaryDirectory(prefix="agrl-bench-", dir="/tmp") as state_dir:
             sep = await bench_separation(args.separation, state_dir)

@@ -22,14 +22,23 @@ and what they create is owned by UID:GID. Without --run-as, commands run as the 
 them from it (`uid_separated: false` in /health). The agent is a child subreaper: orphans of commands are re-parented
 to it (and reaped by it), so "every process a command left behind" is well defined in both modes.
 
+The command spawner (separated by uid or by cgroup): commands are started by a persistent fork server per sandbox
+(`Spawner`, SPAWNER_SOURCE), started once by the agent, that already is UID:GID (no groups, no capabilities,
+no_new_privs) and in `commands`, and is non-dumpable (a command cannot ptrace it or read its memory); it
+posix_spawns (vfork) each command, so a command costs no setpriv (or cgroup shell) exec of its own. It talks only to
+the agent (a socketpair; the command's pipes travel with SCM_RIGHTS), reports each command's pid, pidfd and exit
+code, and is restarted for the next exec when /kill_all or the policy killed it. Where it cannot start, commands
+start through setpriv as before.
+
 Resource separation (`--cgroups v1:D1:D2...` or `--cgroups v2:D`, each D a sandbox cgroup directory with `agent` and
 `commands` children, the agent in `agent`): every command starts in `commands`, which carries the sandbox's memory,
-pids and CPU limits, so a command filling them cannot take the agent's (`resources_separated` in /health). cgroup
-v1: the spawning thread joins `commands` (its `tasks` files) for the fork and returns to `agent`, so no extra
-process is started; v2 (no per-thread membership): the command is started through `/bin/sh -c` which joins
-`commands` before it execs the command. Killing is then done through the cgroup: `cgroup.kill` (v2) or SIGKILL of
-every process in `commands`' cgroup.procs, round after round, no fork needed; and /kill_all removes the sandbox's
-SysV IPC objects (shared memory charged to the commands would otherwise outlive every process).
+pids and CPU limits, so a command filling them cannot take the agent's (`resources_separated` in /health). The
+spawner is started in `commands` (cgroup v1: the spawning thread joins `commands`, its `tasks` files, for the fork
+and returns to `agent`; v2, no per-thread membership: through `/bin/sh -c` which joins `commands` before it execs),
+and so is every command it starts; without the spawner each command is started that way. Killing is then done
+through the cgroup: `cgroup.kill` (v2) or SIGKILL of every process in `commands`' cgroup.procs, round after round, no
+fork needed, until the reaper has released their pids; and /kill_all removes the sandbox's SysV IPC objects (shared
+memory charged to the commands would otherwise outlive every process).
 
 Protocol (JSON bodies, HTTP/1.1 keep-alive with Content-Length). One acceptor thread holds every new connection
 until its first request head is complete (bounded count, size and time) and checks the bearer token; only an
@@ -61,11 +70,13 @@ After binding, the agent prints READY_LINE on stdout so the starter needs no pol
 
 from __future__ import annotations
 
+import array
 import base64
 import ctypes
 import errno
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -245,17 +256,26 @@ class CommandCgroup:
         with open(f"{self.dirs[0]}/commands/cgroup.procs") as f:
             return {int(p) for p in f.read().split()} - {os.getpid()}
 
-    def kill(self, deadline_s: float) -> int:
-        """SIGKILL everything in `commands` until it is empty (cgroup.kill first where the kernel has it); returns
-        how many distinct processes were killed. No fork: a full pids.max cannot stop it."""
+    def _charged(self) -> int:
+        """pids.current of `commands`: killed processes not yet reaped by the agent still hold their pid."""
+        try:
+            with open(f"{self.dirs[0]}/commands/pids.current") as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return 0
+
+    def kill(self, deadline_s: float, uncounted: set = frozenset()) -> int:
+        """SIGKILL everything in `commands` until it is empty and its pids are released (the reaper reaped them; not
+        waited for past the deadline), cgroup.kill first where the kernel has it; returns how many distinct processes
+        were killed, `uncounted` (the spawner) aside. No fork: a full pids.max cannot stop it."""
         seen: set[int] = set()
         end = time.monotonic() + deadline_s
         if self.version == "v2" and os.path.exists(f"{self.dirs[0]}/commands/cgroup.kill"):
             _write_file(f"{self.dirs[0]}/commands/cgroup.kill", "1")
         while True:
             live = self.pids()
-            if not live:
-                return len(seen)
+            if not live and (self._charged() == 0 or time.monotonic() > end):
+                return len(seen - uncounted)
             seen |= live
             if time.monotonic() > end:
                 raise HTTPError(409, f"policy processes survived kill: {len(live)} process(es) in the commands "
@@ -515,7 +535,8 @@ class ExecRun:
         if stdin_fd >= 0:
             os.set_blocking(stdin_fd, False)
             sel.register(stdin_fd, selectors.EVENT_WRITE)
-        pidfd = _pidfd(proc.pid)
+        own = getattr(proc, "pidfd", None)  # the spawner's, opened before anything could reap the command
+        pidfd = os.dup(own) if own is not None else _pidfd(proc.pid)
         if pidfd is not None:
             sel.register(pidfd, selectors.EVENT_READ)
         exited_at = None
@@ -609,6 +630,491 @@ def _killpg(pgid: int) -> None:
         pass
 
 
+# ---------------------------------------------------------------- the command spawner
+
+# The spawner's program, run as `python -I -S -c SPAWNER_SOURCE SOCK_FD UID GID` (UID -1: keep the agent's ids). It
+# imports only builtin modules (and ctypes), so it starts in a few ms of CPU. Started as the agent's uid (root when
+# uid-separated), it makes itself non-dumpable, becomes UID:GID with no groups and no capabilities (inheritable
+# included), checks that, answers b"R" (or b"F" and why), and then serves the socket until EOF.
+# Requests: 8 bytes of length, then a NUL-separated record (cwd, argc, argv..., n, executable candidates...,
+# NAME=VALUE...), with the command's stdin, stdout and stderr attached to the length (SCM_RIGHTS). Messages back,
+# 24 bytes each (kind, pid, value; little-endian): kind 1 answers a request (value: errno, 0 when started; a pidfd
+# of the command attached when the kernel has them), kind 2 reports that a command exited (value: its exit code as
+# os.waitstatus_to_exitcode gives it). Commands start with posix_spawn (vfork: no copy of the spawner's memory)
+# in a new session, in the spawner's cwd (set to the request's cwd first) and with the request's environment.
+SPAWNER_SOURCE = r'''# agentrl command spawner
+import ctypes, errno, os, select, sys, _signal, _socket
+PR_GET_DUMPABLE, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_GET_NO_NEW_PRIVS = 3, 4, 38, 39
+libc = ctypes.CDLL(None, use_errno=True)
+fd, uid, gid = (int(a) for a in sys.argv[1:4])
+sock = _socket.socket(fileno=fd)
+
+
+def fail(why):
+    sock.sendall(b"F" + why.encode())
+    sys.exit(70)
+
+
+def setup():
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # first: from now on a same-uid process cannot ptrace or read it
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):  # python ignores them; commands get the default, as with Popen
+        _signal.signal(sig, _signal.SIG_DFL)
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:  # the OOM killer's first choice, with every command
+            f.write("1000")
+    except OSError:
+        pass
+    if uid >= 0:
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)  # clears the permitted, effective and ambient capabilities
+        head, data = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
+        if libc.capset(head, data) != 0:  # and the inheritable ones (setpriv --inh-caps=-all)
+            fail(f"capset: {os.strerror(ctypes.get_errno())}")
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # a uid change resets it to fs.suid_dumpable
+        with open("/proc/self/status") as f:
+            caps = {k: v.strip() for k, _, v in (line.partition(":") for line in f) if k.startswith("Cap")}
+        left = {k: v for k, v in caps.items() if k != "CapBnd" and int(v, 16)}
+        if left or os.getresuid() != (uid,) * 3 or os.getresgid() != (gid,) * 3 or os.getgroups():
+            fail(f"still privileged after the uid switch: {left} uid {os.getresuid()} gid {os.getresgid()}")
+    if libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 0 or libc.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1:
+        fail("cannot make itself non-dumpable with no_new_privs")
+    if not hasattr(os, "posix_spawn"):
+        fail("no os.posix_spawn")
+    os.set_inheritable(fd, False)
+    os.closerange(3, fd)
+    os.closerange(fd + 1, os.sysconf("SC_OPEN_MAX"))
+
+
+def recv_exactly(n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            sys.exit(0)
+        buf += chunk
+    return bytes(buf)
+
+
+def send(kind, pid, value, fds=()):
+    msg = kind.to_bytes(8, "little") + pid.to_bytes(8, "little", signed=True) + value.to_bytes(8, "little", signed=True)
+    anc = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, b"".join(f.to_bytes(4, sys.byteorder) for f in fds))] if fds else []
+    sent = sock.sendmsg([msg], anc)
+    if sent < len(msg):
+        sock.sendall(msg[sent:])
+
+
+def spawn(record, fds):
+    parts = record.split(b"\0")
+    cwd, argc = parts[0], int(parts[1])
+    argv, n = parts[2:2 + argc], int(parts[2 + argc])
+    candidates = parts[3 + argc:3 + argc + n]
+    env = dict(item.partition(b"=")[::2] for item in parts[3 + argc + n:])
+    try:
+        os.chdir(cwd)
+    except OSError as e:
+        return 0, e.errno
+    first = 0
+    for path in candidates:  # like Popen: every candidate in turn, the first error other than "not there" wins
+        try:
+            os.stat(path)  # a missing candidate costs a stat, not a spawn
+            return os.posix_spawn(path, argv, env, setsid=True,
+                                  file_actions=[(os.POSIX_SPAWN_DUP2, f, i) for i, f in enumerate(fds)]), 0
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR) and not first:
+                first = e.errno
+    return 0, first or errno.ENOENT
+
+
+def serve_one():
+    head, anc, _, _ = sock.recvmsg(8, _socket.CMSG_SPACE(3 * 4), _socket.MSG_CMSG_CLOEXEC)
+    if not head:
+        sys.exit(0)
+    fds = [int.from_bytes(data[i:i + 4], sys.byteorder) for level, kind, data in anc
+           if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS for i in range(0, len(data) - 3, 4)]
+    try:
+        head += recv_exactly(8 - len(head))
+        record = recv_exactly(int.from_bytes(head, "little"))
+        pid, err = spawn(record, fds) if len(fds) == 3 else (0, errno.EBADF)
+    finally:
+        for f in fds:
+            os.close(f)
+    pidfd = []
+    if pid:
+        try:
+            pidfd = [os.pidfd_open(pid)]  # before any waitpid: it is this very process
+        except (AttributeError, OSError):
+            pass
+    send(1, pid, err, pidfd)
+    for f in pidfd:
+        os.close(f)
+
+
+def reap():
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if not pid:
+            return
+        send(2, pid, os.waitstatus_to_exitcode(status))
+
+
+def serve():
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    _signal.set_wakeup_fd(w)
+    _signal.signal(_signal.SIGCHLD, lambda signum, frame: None)
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    poller.register(r, select.POLLIN)
+    while True:
+        for ready, _ in poller.poll():
+            if ready == r:
+                try:
+                    os.read(r, 4096)
+                except BlockingIOError:
+                    pass
+                reap()
+            else:
+                serve_one()
+
+
+setup()
+sock.sendall(b"R")
+serve()
+'''
+SPAWNER_START_TIMEOUT_S = 30.0  # a spawner not ready by then (or by the exec's deadline) is treated as gone
+STATUS_GRACE_S = 1.0  # after a command exited, how long its exit code may take to come from the spawner
+_SPAWNED, _EXITED = 1, 2
+
+
+class SpawnerLost(Exception):
+    """The spawner died (or stopped answering) before it answered a request: something of the command user (the
+    policy's processes, the commands' memory limit) killed or stopped it, so the exec that needed it fails as the
+    policy's doing. The next exec starts a fresh one. `killed_in_flight`: it died after the request left, so the
+    command may have run (and may be what killed it: `kill -9 -1` can beat the spawner's answer)."""
+
+    def __init__(self, message: str, killed_in_flight: bool = False) -> None:
+        super().__init__(message)
+        self.killed_in_flight = killed_in_flight
+
+
+class SpawnerUnusable(Exception):
+    """The spawner cannot work here at all (its setup failed): the agent falls back to setpriv per command."""
+
+
+class _GoneBefore(SpawnerLost):
+    """The spawner was gone before the request left: nothing was started, the request can go to a fresh one."""
+
+    def __init__(self) -> None:
+        super().__init__("the command spawner was killed before the request (by the sandbox's own processes or the "
+                         "commands' memory limit), and again after a restart")
+
+
+class _Link:
+    """One spawner process and what the agent learnt from it: the answer to the request in flight, the exit codes
+    of its commands, and whether it is gone (`lost`: EOF on its socket). A reader thread fills it."""
+
+    def __init__(self, sock: socket.socket, proc: subprocess.Popen, cond: threading.Condition) -> None:
+        self.sock, self.proc, self.cond = sock, proc, cond
+        self.tx = sock.dup()  # requests go out with a timeout (which makes the shared file non-blocking)
+        self.pidfd = _pidfd(proc.pid)
+        self.answer: tuple[int, int, int | None] | None = None
+        self.codes: dict[int, int] = {}
+        self.lost = False
+
+    def start_reader(self) -> None:
+        threading.Thread(target=self._read, name="spawner-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        buf, fds = b"", []
+        poller = select.poll()  # the socket is non-blocking: `tx`, its dup, sends with a timeout
+        poller.register(self.sock, select.POLLIN)
+        try:
+            while True:
+                try:
+                    data, anc, _, _ = self.sock.recvmsg(24 - len(buf), socket.CMSG_SPACE(4),
+                                                        socket.MSG_CMSG_CLOEXEC)
+                except BlockingIOError:
+                    poller.poll()
+                    continue
+                if not data:
+                    break
+                fds += [fd for level, kind, raw in anc if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                        for fd in array.array("i", raw[:len(raw) - len(raw) % 4])]
+                buf += data
+                if len(buf) < 24:
+                    continue
+                kind, pid, value = (int.from_bytes(buf[i:i + 8], "little", signed=True) for i in (0, 8, 16))
+                buf = b""
+                with self.cond:
+                    if kind == _SPAWNED:
+                        self.answer, fds = (pid, value, fds[0] if fds else None), fds[1:]
+                    else:
+                        self.codes[pid] = value
+                    self.cond.notify_all()
+        except OSError:
+            pass
+        finally:
+            for fd in fds:
+                os.close(fd)
+            self.sock.close()
+            with self.cond:
+                self.lost = True
+                self.cond.notify_all()
+
+    def exited(self, pid: int) -> bool:
+        with self.cond:
+            return pid in self.codes or self.lost
+
+    def discard(self) -> None:
+        """Close its socket (it exits at EOF; the reader sees EOF) and SIGKILL it (it may be stopped)."""
+        self.tx.close()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if self.pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+            os.close(self.pidfd)
+            self.pidfd = None
+        self.proc.returncode = -signal.SIGKILL  # the reaper reaps it; Popen must never waitpid this pid again
+
+
+class _Spawned:
+    """The Popen-like face of a command started by the spawner: pid, a pidfd (when the kernel has them), the
+    agent's ends of its pipes, and the spawner (`link`) that reports its exit code."""
+
+    def __init__(self, link: _Link | None, pid: int, pidfd: int | None, stdin: int | None, stdout: int,
+                 stderr: int) -> None:
+        self.link, self.pid, self.pidfd = link, pid, pidfd
+        self.stdin = open(stdin, "wb", buffering=0) if stdin is not None else None
+        self.stdout = open(stdout, "rb", buffering=0)
+        self.stderr = open(stderr, "rb", buffering=0)
+        self.returncode: int | None = None
+
+
+class Spawner:
+    """A persistent fork server (SPAWNER_SOURCE) that already runs as the command user and in the `commands` cgroup,
+    so a command costs one vfork + exec instead of setpriv's fork + extra exec (and, under cgroup v2, /bin/sh's).
+    It is the commands' parent and reports their exit codes; their orphans still go to the agent (the subreaper).
+    It is a process of the command user, so the policy can kill or stop it (its own loss: the exec waiting on it
+    fails or loses its exit code as the policy's doing, the next one starts a fresh spawner) but cannot ptrace it
+    or read its memory (non-dumpable) nor reach its socket (a socketpair only the agent holds; every other fd
+    closed). /kill_all kills it with the rest."""
+
+    def __init__(self, identity: Identity, cgroup: CommandCgroup, reaper: "Reaper") -> None:
+        self._ids = (identity.uid, identity.gid) if identity.separated else (-1, -1)
+        self._identity, self._cgroup, self._reaper = identity, cgroup, reaper
+        self._lock = threading.Lock()  # one request at a time; guards _link
+        self._cond = threading.Condition()  # what the reader threads learn
+        self._link: _Link | None = None
+        self.unusable = False  # its setup failed here: commands start through setpriv
+
+    @property
+    def pid(self) -> int | None:
+        link = self._link
+        return link.proc.pid if link is not None else None
+
+    def ensure(self, deadline: float) -> None:
+        """A live, ready spawner: the current one, or a fresh one when it is gone (killed by /kill_all, the policy
+        or the memory limit). Raises SpawnerUnusable when it cannot work here, SpawnerLost when it did not start."""
+        with self._lock:
+            if self._link is not None and not self._link.lost and not _hung_up(self._link.sock):
+                return
+            if self._link is not None:
+                self._link.discard()
+                self._link = None
+            a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            argv = self._cgroup.wrap([sys.executable, "-I", "-S", "-c", SPAWNER_SOURCE, str(b.fileno()),
+                                      *map(str, self._ids)])
+            try:
+                proc = self._cgroup.start(lambda: subprocess.Popen(
+                    argv, pass_fds=(b.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    close_fds=True))
+            except OSError as e:
+                a.close()
+                if e.errno in (errno.EAGAIN, errno.ENOMEM):  # the commands' pids or memory are full: this exec's
+                    raise                                      # failure (as Popen's would be), not the spawner's
+                raise SpawnerUnusable(f"cannot start {sys.executable!r}: {e}") from None
+            finally:
+                b.close()
+            link = _Link(a, proc, self._cond)
+            try:
+                a.settimeout(max(min(deadline, time.monotonic() + SPAWNER_START_TIMEOUT_S) - time.monotonic(),
+                                 0.001))
+                ready = a.recv(4096)
+                a.settimeout(None)
+            except OSError:
+                ready = b""
+            if ready != b"R":
+                link.discard()
+                a.close()
+                if ready.startswith(b"F"):
+                    raise SpawnerUnusable(ready[1:].decode(errors="replace"))
+                raise SpawnerLost("the command spawner did not start (killed, stopped or out of memory)")
+            link.start_reader()
+            self._link = link
+
+    def spawn(self, run: "ExecRun", deadline: float) -> _Spawned:
+        """Start `run`'s command through the spawner: its pid and pidfd and the agent's pipe ends. Raises OSError
+        like Popen when the command cannot be executed, SpawnerLost when the spawner is gone or stopped."""
+        record = _spawn_record(run)
+        stdin_r, stdin_w = os.pipe() if run.stdin is not None else (os.open(os.devnull, os.O_RDONLY), None)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        ours = (stdin_w, out_r, err_r)
+        try:
+            since = _boot_ticks() - 1
+            try:
+                link, (pid, err, pidfd) = self._request(record, (stdin_r, out_w, err_w), deadline)
+            except SpawnerLost as e:
+                pid = self._orphan(out_r, since) if e.killed_in_flight else None
+                if pid is None:
+                    raise
+                link, err, pidfd = None, 0, _pidfd(pid)
+        except BaseException:
+            _close(ours)
+            raise
+        finally:
+            _close((stdin_r, out_w, err_w))
+        if err:
+            _close(ours)
+            raise OSError(err, os.strerror(err))
+        return _Spawned(link, pid, pidfd, *ours)
+
+    def _orphan(self, out_r: int, since_ticks: int) -> int | None:
+        """The command a spawner killed in flight did start (`kill -9 -1` as a command's first act can beat the
+        spawner's answer), adopted by the reaper: a child of the agent (where the kernel re-parents the dead
+        spawner's children) that holds the write end of its stdout pipe, or, once it exited, the one session leader
+        the reaper reaped that started since the request. None when neither shows up within STATUS_GRACE_S / 4."""
+        end = time.monotonic() + STATUS_GRACE_S / 4
+        self._reaper.expect_orphans(STATUS_GRACE_S / 4)
+        while True:
+            pid = self._live_orphan(out_r)
+            if pid is None:
+                pid = self._reaper.claim_leader(since_ticks)
+            if pid is not None or time.monotonic() > end:
+                return pid
+            time.sleep(0.01)
+
+    def _live_orphan(self, out_r: int) -> int | None:
+        target, me = f"pipe:[{os.fstat(out_r).st_ino}]", os.getpid()
+        with self._identity.files():  # /proc/PID/fd of the command user's processes: their fsuid may look
+            for name in os.listdir("/proc"):
+                fields = _proc_fields(name) if name.isdigit() else None
+                if fields is None or fields[1] != me:
+                    continue
+                try:
+                    if os.readlink(f"/proc/{name}/fd/1") == target:
+                        self._reaper.adopt(int(name))
+                        return int(name)
+                except OSError:
+                    continue
+        return None
+
+    def _request(self, record: bytes, fds: tuple[int, int, int],
+                 deadline: float) -> tuple[_Link, tuple[int, int, int | None]]:
+        with self._lock:
+            link = self._link
+            if link is None or link.lost:
+                raise SpawnerLost("the command spawner was killed before it started the command (by the sandbox's "
+                                  "own processes or the commands' memory limit); the next exec starts a fresh one")
+            with self._cond:
+                link.answer = None
+            try:
+                link.tx.settimeout(max(deadline - time.monotonic(), 0.001))
+                link.tx.sendmsg([len(record).to_bytes(8, "little")],
+                                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())])
+                link.tx.sendall(record)
+            except (BrokenPipeError, ConnectionResetError):  # it was gone before this request: start a fresh one
+                link.discard()
+                self._link = None
+                raise _GoneBefore() from None
+            except OSError:
+                pass  # stopped (no answer comes) or gone meanwhile (the reader sees EOF): told apart below
+            with self._cond:
+                self._cond.wait_for(lambda: link.answer is not None or link.lost,
+                                    max(deadline - time.monotonic(), 0))
+                answer = link.answer
+            if answer is None:
+                stopped = not link.lost
+                if not stopped and link.pidfd is not None:  # until it has exited: its children are re-parented
+                    select.select([link.pidfd], [], [], STATUS_GRACE_S)
+                link.discard()
+                self._link = None
+                if stopped:
+                    raise SpawnerLost("the command spawner stopped answering before it started the command (stopped "
+                                      "by the sandbox's own processes); the next exec starts a fresh one")
+                raise SpawnerLost("the command spawner was killed while it started the command (by the sandbox's "
+                                  "own processes, maybe this command, or the commands' memory limit): exit code "
+                                  "unknown; the next exec starts a fresh one", killed_in_flight=True)
+            return link, answer
+
+    def wait(self, proc: _Spawned) -> int | None:
+        """The exit code of `proc` (which exited, or was just killed) as its spawner reports it; None when that
+        spawner died, or did not report it within STATUS_GRACE_S (stopped by the policy): it is then discarded
+        (SIGKILL), so its children, `proc` included, go to the agent's reaper."""
+        link = proc.link
+        if link is None:  # found as an orphan: the reaper has its exit code
+            return None
+        with self._cond:
+            self._cond.wait_for(lambda: proc.pid in link.codes or link.lost, STATUS_GRACE_S)
+            code = link.codes.pop(proc.pid, None)
+        if code is None:
+            with self._lock:
+                link.discard()
+                if self._link is link:
+                    self._link = None
+        return code
+
+    def close(self) -> None:
+        with self._lock:
+            if self._link is not None:
+                self._link.discard()
+                self._link = None
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """The peer closed its end (the spawner exited), whether or not the reader thread has seen the EOF yet."""
+    poller = select.poll()
+    poller.register(sock, select.POLLRDHUP | select.POLLHUP)
+    return any(ev & (select.POLLRDHUP | select.POLLHUP) for _, ev in poller.poll(0))
+
+
+def _close(fds: "tuple[int | None, ...]") -> None:
+    for fd in fds:
+        if fd is not None:
+            os.close(fd)
+
+
+def _spawn_record(run: "ExecRun") -> bytes:
+    """The spawner's request for `run`: what Popen would check and pass (embedded NULs and '=' in names refused
+    with the same ValueError, executable candidates from the command's own PATH)."""
+    argv = [os.fsencode(a) for a in run.argv]
+    env = []
+    for k, v in run.env.items():
+        k, v = os.fsencode(k), os.fsencode(v)
+        if b"=" in k:
+            raise ValueError("illegal environment variable name")
+        env.append(k + b"=" + v)
+    exe = argv[0]
+    candidates = [exe] if os.path.dirname(exe) else [os.path.join(os.fsencode(d), exe)
+                                                        for d in os.get_exec_path(run.env)]
+    fields = [os.fsencode(run.cwd), str(len(argv)).encode(), *argv, str(len(candidates)).encode(), *candidates, *env]
+    if any(b"\0" in f for f in fields):
+        raise ValueError("embedded null byte")
+    return b"\0".join(fields)
+
+
+
 # ---------------------------------------------------------------- the agent
 
 
@@ -621,6 +1127,8 @@ class Reaper:
         self._cond = threading.Condition()
         self._tracked: set[int] = set()
         self._status: dict[int, int] = {}
+        self._leaders: dict[int, tuple[int, int]] = {}  # untracked session leaders reaped lately: (start, code)
+        self._eager_until = 0.0  # until then, look for new children often (orphans arrive without a spawn)
         threading.Thread(target=self._run, name="reaper", daemon=True).start()
 
     def spawn(self, start):  # start: () -> a Popen or a pid
@@ -635,28 +1143,82 @@ class Reaper:
         with self._cond:
             return pid in self._status
 
-    def wait(self, pid: int) -> int:
-        """The exit code of a tracked child (negative: killed by that signal), once it exited."""
+    def adopt(self, pid: int) -> None:
+        """Keep `pid`'s exit code should it become the agent's child (a command whose spawner died: orphans are
+        re-parented to the agent); `forget` it once its exit code is known."""
         with self._cond:
-            while pid not in self._status:
-                self._cond.wait()
+            self._tracked.add(pid)
+            self._cond.notify_all()
+
+    def forget(self, pid: int) -> None:
+        with self._cond:
+            self._tracked.discard(pid)
+            self._status.pop(pid, None)
+
+    def wait(self, pid: int, timeout: float | None = None) -> int | None:
+        """The exit code of a tracked child (negative: killed by that signal), once it exited; None when it did not
+        within `timeout` seconds."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: pid in self._status, timeout):
+                return None
             self._tracked.discard(pid)
             return self._status.pop(pid)
 
+    def expect_orphans(self, seconds: float) -> None:
+        with self._cond:
+            self._eager_until = time.monotonic() + seconds
+            self._cond.notify_all()
+
+    def claim_leader(self, since_ticks: int) -> int | None:
+        """The one untracked session leader that started at or after `since_ticks` (clock ticks since boot) and was
+        reaped since: tracked from now on, its exit code ready for `wait`. None when there is not exactly one. (A
+        command whose spawner was killed before it answered, and which exited before the agent could find it.)"""
+        with self._cond:
+            found = [pid for pid, (start, _) in self._leaders.items() if start >= since_ticks]
+            if len(found) != 1:
+                return None
+            self._tracked.add(found[0])
+            self._status[found[0]] = self._leaders.pop(found[0])[1]
+            return found[0]
+
     def _run(self) -> None:
         while True:
-            try:
-                pid, status = os.waitpid(-1, 0)
-            except ChildProcessError:  # no children at all: sleep until the next spawn
-                with self._cond:
-                    self._cond.wait(1.0)
+            try:  # look before reaping: an untracked session leader's /proc entry says when it started
+                pid = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT).si_pid
+            except ChildProcessError:  # no children at all: sleep until the next spawn, or (orphans arrive unasked)
+                with self._cond:  # a moment while an adopted command or an orphan is awaited
+                    self._cond.wait(0.005 if self._tracked or time.monotonic() < self._eager_until else 1.0)
                 continue
             except InterruptedError:  # pragma: no cover - PEP 475 retries; defensive
+                continue
+            with self._cond:
+                start = None if pid in self._tracked else _leader_start(pid)
+            try:
+                _, status = os.waitpid(pid, 0)
+            except ChildProcessError:  # pragma: no cover - nobody else waits
                 continue
             with self._cond:
                 if pid in self._tracked:
                     self._status[pid] = os.waitstatus_to_exitcode(status)
                     self._cond.notify_all()
+                elif start is not None:
+                    self._leaders[pid] = (start, os.waitstatus_to_exitcode(status))
+                    if len(self._leaders) > 256:
+                        self._leaders.pop(next(iter(self._leaders)))
+
+
+def _leader_start(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot), if it leads its own session (as every command does)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            rest = f.read().rpartition(b")")[2].split()
+        return int(rest[19]) if int(rest[3]) == pid else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _boot_ticks() -> int:
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
 
 
 class Agent:
@@ -676,6 +1238,9 @@ class Agent:
         self._lock = threading.Lock()
         self._reaper = Reaper()
         self._kill_lock = threading.Lock()
+        # separated (by uid or by cgroup): commands start through a fork server that is already where they belong
+        self._spawner = Spawner(self.identity, self.cgroup, self._reaper) \
+            if self.identity.separated or self.cgroup.enabled else None
 
     def dispatch(self, method: str, path: str, body: bytes) -> dict:
         routes = {("GET", "/health"): self.health, ("POST", "/exec"): self.exec, ("POST", "/write"): self.write,
@@ -711,13 +1276,14 @@ class Agent:
         run = ExecRun(argv, cwd, env, None if stdin is None else stdin.encode(), limit, self.identity, self.cgroup)
         start = time.monotonic()
         try:
-            proc = self.cgroup.start(lambda: self._reaper.spawn(run.start))
+            proc = self._start(run, start + timeout)
         except OSError as e:
             code = 127 if isinstance(e, FileNotFoundError) else 126
             return _result(code, b"", f"{argv[0]}: {e.strerror or e}\n".encode(), False, False, start)
-        if not _prefer_oom_kill(proc.pid):  # setpriv has not switched uid yet: the file is still root's, or
-            with self.identity.files():  # it has (or Popen did): the file is the command user's
-                _prefer_oom_kill(proc.pid)
+        except SpawnerLost as e:  # the policy killed or stopped the spawner: its failure, a result like the above
+            late = time.monotonic() >= start + timeout
+            code = None if late else -signal.SIGKILL if e.killed_in_flight else 126
+            return _result(code, b"", f"agent: {e}\n".encode(), late, False, start)
         with self._lock:
             self._groups.add(proc.pid)
         try:
@@ -729,20 +1295,67 @@ class Agent:
             self._kill_leftovers()
         return result
 
-    def _finish(self, run: ExecRun, proc: subprocess.Popen, deadline: float, start: float) -> dict:
+    def _start(self, run: ExecRun, deadline: float) -> "subprocess.Popen | _Spawned":
+        """Start `run`'s command as the command user in `commands`: through the spawner (one clone + exec), or,
+        without separation or where the spawner cannot work, with Popen (through setpriv / the cgroup shell)."""
+        spawner = self._spawner
+        if spawner is not None and not spawner.unusable:
+            try:
+                spawner.ensure(deadline)
+                try:
+                    proc = spawner.spawn(run, deadline)
+                except _GoneBefore:
+                    spawner.ensure(deadline)
+                    proc = spawner.spawn(run, deadline)
+                self._reaper.adopt(proc.pid)  # its exit code, should the policy kill the spawner meanwhile
+                return proc
+            except SpawnerUnusable as e:
+                print(f"agent: the command spawner cannot work here ({e}); commands start through setpriv",
+                      file=sys.stderr, flush=True)
+                spawner.unusable = True
+        proc = self.cgroup.start(lambda: self._reaper.spawn(run.start))
+        if not _prefer_oom_kill(proc.pid):  # setpriv has not switched uid yet: the file is still root's, or
+            with self.identity.files():  # it has (or Popen did): the file is the command user's
+                _prefer_oom_kill(proc.pid)
+        return proc
+
+    def _finish(self, run: ExecRun, proc: "subprocess.Popen | _Spawned", deadline: float, start: float) -> dict:
+        spawned = isinstance(proc, _Spawned)
+        exited = (lambda: proc.link.exited(proc.pid)) if spawned and proc.link is not None \
+            else (lambda: self._reaper.exited(proc.pid))
         try:
-            closed = run.pump(proc, deadline, lambda: self._reaper.exited(proc.pid), self.exit_grace_s)
+            closed = run.pump(proc, deadline, exited, self.exit_grace_s)
         except BaseException:
             _killpg(proc.pid)
             raise
         if not closed:
             _killpg(proc.pid)  # pgid == pid of the main process (start_new_session); also kills SIGTERM-ignorers
             run.drain(proc, DRAIN_AFTER_KILL_S)
-        code = proc.returncode = self._reaper.wait(proc.pid)  # the reaper collected it (never Popen.wait)
+        if spawned:
+            code = proc.returncode = self._spawner_wait(proc, deadline, run)
+        else:
+            code = proc.returncode = self._reaper.wait(proc.pid)  # the reaper collected it (never Popen.wait)
         for stream in (proc.stdout, proc.stderr, proc.stdin):
             if stream is not None:
                 stream.close()
         return _result(None if run.timed_out else code, run.out, run.err, run.timed_out, run.truncated, start)
+
+    def _spawner_wait(self, proc: _Spawned, deadline: float, run: ExecRun) -> int:
+        """The command's exit code from its spawner or, when the policy killed (or stopped) the spawner meanwhile,
+        from the reaper (the command was re-parented to the agent); 126 and a note when neither has it."""
+        try:
+            code = self._spawner.wait(proc)
+            if code is None:
+                code = self._reaper.wait(proc.pid, STATUS_GRACE_S)
+        finally:
+            self._reaper.forget(proc.pid)
+            if proc.pidfd is not None:
+                os.close(proc.pidfd)
+        if code is None:  # lost between the spawner's answer and adopt(): the policy's doing
+            run.err += b"\nagent: the command's exit code was lost: its spawner was killed or stopped (by the " \
+                       b"sandbox's own processes or the commands' memory limit)\n"
+            return 126
+        return code
 
     def write(self, req: dict) -> dict:
         content, mode = req.get("content_b64") or "", req.get("mode", 0o644)
@@ -787,15 +1400,16 @@ class Agent:
         """Kill every process the commands left (through their cgroup when resource-separated, else by uid or
         descent), then remove the command user's SysV IPC objects (uid-separated: the IPC namespace is the
         sandbox's own); returns how many distinct processes were killed."""
+        spawner = {self._spawner.pid} if self._spawner is not None else set()  # killed too, not counted
         if self.cgroup.enabled:
-            killed = self.cgroup.kill(KILL_ALL_DEADLINE_S)
+            killed = self.cgroup.kill(KILL_ALL_DEADLINE_S, spawner)
         else:
-            killed = self._kill_by_owner()
+            killed = self._kill_by_owner(spawner)
         if self.identity.separated and self._libc is not None:
             remove_sysv_ipc(self._libc, self.identity.uid)
         return killed
 
-    def _kill_by_owner(self) -> int:
+    def _kill_by_owner(self, uncounted: set) -> int:
         """SIGKILL every process of the command user (separated) or every descendant of the agent (single uid),
         round after round, until none is left alive; returns how many distinct processes were killed."""
         seen: set[int] = set()
@@ -804,7 +1418,7 @@ class Agent:
             while True:
                 live = _command_user_pids(self.identity.uid) if self.identity.separated else _descendants()
                 if not live:
-                    return len(seen)
+                    return len(seen - uncounted)
                 seen |= live
                 if time.monotonic() > end:
                     raise HTTPError(409, f"policy processes survived kill: {len(live)} process(es) of the command "
@@ -839,6 +1453,8 @@ class Agent:
         return pid
 
     def kill_groups(self) -> None:
+        if self._spawner is not None:
+            self._spawner.close()
         with self._lock:
             groups = list(self._groups)
         for pgid in groups:

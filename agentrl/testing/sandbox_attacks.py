@@ -44,6 +44,56 @@ async def agent_of(sb: Sandbox) -> tuple[int, str]:
     return int(pid), sock
 
 
+# prints the pids of the command spawner(s) of the sandbox (processes of the caller's uid running the agent's
+# fork server, whose source starts with a comment naming it), found through /proc/*/cmdline like FIND_AGENT
+FIND_SPAWNER = r"""
+import os
+marker = b"agentrl command " + b"spawner"  # not literally in this script's own command line
+for pid in os.listdir("/proc"):
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read()
+        uid = [line for line in open(f"/proc/{pid}/status") if line.startswith("Uid:")][0].split()[1]
+    except (OSError, IndexError):
+        continue
+    if marker in argv and int(uid) == os.getuid() and int(pid) != os.getpid():
+        print(pid)
+"""
+
+# ptrace-attach and open /proc/PID/mem of argv[1] and of a forked child of the same uid (the control: it must
+# work there, so a refusal is the target's non-dumpable flag, not a blanket ban); one line each:
+# ptrace rc|its error|what opening mem gave|owner uid of /proc/PID/mem (root's when non-dumpable)
+TRACE_SAME_UID = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+
+def probe(pid):
+    rc = libc.ptrace(16, pid, 0, 0)  # PTRACE_ATTACH
+    err = os.strerror(ctypes.get_errno())
+    try:
+        open(f"/proc/{pid}/mem", "rb").close()
+        mem = "opened"
+    except OSError as e:
+        mem = e.strerror
+    return f"{rc}|{err}|{mem}|{os.stat(f'/proc/{pid}/mem').st_uid}"
+
+child = os.fork()
+if child == 0:
+    time.sleep(30)
+    os._exit(0)
+print(probe(int(sys.argv[1])))
+print(probe(child))
+os.kill(child, 9)
+"""
+
+
+async def spawner_of(sb: Sandbox) -> int:
+    """The pid of the sandbox's command spawner, as a command sees it (exactly one, of the command user)."""
+    r = await sb.exec(["python3", "-c", FIND_SPAWNER])
+    pids = r.stdout.split()
+    assert r.exit_code == 0 and len(pids) == 1, f"not exactly one command spawner of the command user: {r}"
+    return int(pids[0])
+
+
 async def still_serves(sb: Sandbox) -> None:
     assert await sb.health(), "the agent died"
     r = await sb.exec("echo alive")
@@ -93,6 +143,47 @@ async def attack_ptrace_the_agent(sb: Sandbox) -> None:
         _, rc, err = line.split(" ", 2)
         assert rc == "-1" and "not permitted" in err.lower(), r.stdout
     await still_serves(sb)
+
+
+async def attack_trace_the_spawner(sb: Sandbox) -> None:
+    """The command spawner runs as the command user, but non-dumpable: a command can neither ptrace it nor read its
+    memory (which holds nothing but could forge spawns), while it can trace its own same-uid child."""
+    pid = await spawner_of(sb)
+    r = await sb.exec(["python3", "-c", TRACE_SAME_UID, str(pid)])
+    assert r.exit_code == 0, r
+    spawner, control = (line.split("|") for line in r.stdout.splitlines())
+    assert control[0] == "0" and control[2] == "opened" and control[3] == str(sb.command_uid), r.stdout
+    assert spawner[0] == "-1" and "not permitted" in spawner[1].lower(), r.stdout
+    assert spawner[2] == "Permission denied" and spawner[3] == "0", r.stdout
+    await still_serves(sb)
+
+
+async def attack_kill_the_spawner(sb: Sandbox) -> None:
+    """Killing the spawner costs the policy nothing but that process: the next exec gets a fresh one."""
+    pid = await spawner_of(sb)
+    # a command that kills the spawner at once may beat the spawner's answer: that exec then fails (126, the
+    # policy's); here it waits so that its own exec gets its answer first
+    r = await sb.exec(f"sleep 1; kill -9 {pid}")
+    assert r.exit_code == 0, r
+    await still_serves(sb)
+    assert await spawner_of(sb) != pid
+
+
+async def attack_stop_the_spawner(sb: Sandbox) -> None:
+    """A stopped spawner costs the exec that needs it and nothing else: one whose command it started gets its exit
+    code from the agent once the spawner is replaced (STATUS_GRACE_S later); one it should start times out."""
+    pid = await spawner_of(sb)
+    r = await sb.exec(f"sleep 0.5; kill -STOP {pid}; echo stopped")
+    assert r.exit_code == 0 and r.stdout == "stopped\n", r
+    await still_serves(sb)
+    pid = await spawner_of(sb)
+    r = await sb.exec(f"(sleep 0.3; kill -STOP {pid}) >/dev/null 2>&1 &")
+    assert r.exit_code == 0, r
+    await asyncio.sleep(2.0)
+    r = await sb.exec(["true"], timeout=1)
+    assert r.timed_out and r.exit_code is None and "spawner stopped answering" in r.stderr, r
+    await still_serves(sb)
+    assert await spawner_of(sb) != pid
 
 
 async def attack_socket_dir(sb: Sandbox) -> None:
@@ -176,7 +267,7 @@ async def attack_unresolvable_paths(sb: Sandbox) -> None:
 
 ALL = (attack_kill_everything, attack_signal_the_agent, attack_read_the_agent, attack_ptrace_the_agent,
        attack_socket_dir, attack_daemon_outlives_the_call, attack_daemon_with_kill_leftovers,
-       attack_unresolvable_paths)
+       attack_unresolvable_paths, attack_trace_the_spawner, attack_kill_the_spawner, attack_stop_the_spawner)
 
 
 # ---------------------------------------------------------------- the control plane's own resources

@@ -348,6 +348,59 @@ async def test_run_as_separates_commands_and_files_from_the_agent(separated) -> 
     await sb.close()
 
 
+NO_EXEC_PER_COMMAND = """
+import json, os, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import agent
+started = []
+
+class Recording(subprocess.Popen):
+    def __init__(self, args, *a, **k):
+        super().__init__(args, *a, **k)
+        started.append({"pid": self.pid, "argv": [str(x)[:40] for x in args]})
+
+agent.subprocess.Popen = Recording
+identity = agent.Identity((int(sys.argv[3]), int(sys.argv[3])))
+libc = agent._prctl_setup()
+identity.setup(libc, sys.argv[2])
+a = agent.Agent(sys.argv[2], identity, libc=libc)
+out = [agent._handle(a, "POST", "/exec", json.dumps({"cmd": c}).encode())[1]
+       for c in (["id", "-u"], ["true"], "echo $PPID; cat /proc/self/oom_score_adj", ["no-such-command-x"],
+                 "grep -E '^(Cap(Inh|Prm|Eff|Amb)|NoNewPrivs|Groups):' /proc/self/status")]
+print(json.dumps({"results": out, "popen": started}))
+"""
+
+
+def test_separated_commands_start_without_an_exec_of_setpriv_per_command(separated) -> None:
+    """uid-separated, a command costs one spawn + exec by the spawner (started once, already the command user: the
+    commands' parent), never a Popen of setpriv per command; it is still OOM-first, and exec errors are still
+    126/127 results."""
+    sb, proc, ws, uid = separated
+    out = subprocess.run([sys.executable, "-I", "-c", NO_EXEC_PER_COMMAND, str(Path(AGENT).parent), str(ws),
+                          str(uid)], capture_output=True, text=True, timeout=120)
+    report = json.loads(out.stdout)
+    ident, true, parent, missing, privileges = report["results"]
+    assert ident["exit_code"] == 0 and ident["stdout"] == f"{uid}\n", report
+    assert missing["exit_code"] in (126, 127) and "no-such-command-x" in missing["stderr"], report
+    assert len(report["popen"]) == 1 and not any("setpriv" in a for a in report["popen"][0]["argv"]), report
+    assert true["exit_code"] == 0 and parent["stdout"].split() == [str(report["popen"][0]["pid"]), "1000"], report
+    fields = dict(line.split(":", 1) for line in privileges["stdout"].splitlines())  # as setpriv's options gave
+    assert {k: v.strip() for k, v in fields.items()} == {"Groups": "", "NoNewPrivs": "1", "CapInh": "0" * 16,
+                                                          "CapPrm": "0" * 16, "CapEff": "0" * 16, "CapAmb": "0" * 16}
+
+
+async def test_a_command_that_kills_its_spawner_at_once_keeps_its_result(separated) -> None:
+    """`kill -9 -1` as a command's first act kills the spawner, often before the spawner answered the agent: the
+    agent then finds the command among its re-parented children (by its stdout pipe) and still returns its output
+    and exit code; the next exec gets a fresh spawner."""
+    sb, proc, ws, uid = separated
+    for i in range(8):  # still running when the agent looks for it, or already exited
+        r = await sb.exec(f"kill -9 -1; {'sleep 0.2; ' if i % 2 else ''}echo survived {i}; exit 3")
+        assert (r.exit_code, r.stdout) == (3, f"survived {i}\n"), r
+    assert (await sb.exec("echo ok")).stdout == "ok\n" and proc.poll() is None
+    await sb.close()
+
+
 # ---------------------------------------------------------------- hostile paths (issue 22)
 
 CHAIN = ("import os\nos.makedirs('links', exist_ok=True)\nos.symlink('../target.py', 'links/{path}0')\n"
