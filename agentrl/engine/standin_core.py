@@ -123,7 +123,8 @@ class StandInCore:
     def _adapter_refusal(self, named: str | None) -> str | None:
         """Why a request naming adapter `named` (None: the base model) cannot be served by this stand-in, or None.
         (The real servers hold several adapters next to the base model; the stand-in's engine holds one.)"""
-        serving = self.engine.adapter if self.engine is not None else None
+        # engines without adapter support (a scripted or simulated engine behind the stand-in) serve the base model
+        serving = getattr(self.engine, "adapter", None) if self.engine is not None else None
         if named == serving:
             return None
         if named is None:
