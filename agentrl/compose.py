@@ -4,9 +4,9 @@ Owns: `build_run(cfg) -> RunParts` (env and tasks, engine + tokenizer, renderer,
 sandbox spec and pool, scorer, deferred drift worker, the one `config_hash` and the run metadata), and every
 construction of a `Rollout` or a `Scheduler` (`RunParts.rollout()`, `RunParts.scheduler()`); and
 `build_rank_parts(cfg) -> RankParts`, the lighter parts of training ranks other than 0 (no engine, pool or
-scorer). `agentrl rollout`, `train` and `eval` build their parts here; `envs check` and `replay` build their sandbox pools here (`make_pool`).
-Does not own running anything: the CLI enters the pool and scorer and runs the schedulers, and the trainer gets the
-built parts injected (it never builds them).
+scorer). `agentrl rollout`, `train` and `eval` build their parts here; `envs check` and `replay` build their
+sandbox pools here (`make_pool`). Does not own running anything: the CLI enters the pool and scorer and runs
+the schedulers, and the trainer gets the built parts injected (it never builds them).
 
 Import contracts (pyproject.toml): outside the runner only this module imports `agentrl.runner.rollout` and
 `agentrl.runner.scheduler`, nothing but the runner and this module imports the runner's package face, and only

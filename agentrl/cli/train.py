@@ -8,8 +8,8 @@ The parts (env, engine + tokenizer from the checkpoint, renderer, sampling, budg
 config_hash) come from the composition root `agentrl.compose.build_run` and are handed to
 `agentrl.trainer.job.Job` / `agentrl.trainer.eval.evaluate`. Under `torchrun` / `accelerate launch` (or
 `--nproc N`, which starts `torchrun` on this machine with the same arguments) every rank runs `train`: rank 0 builds
-the run's parts, the other ranks only the env, tasks and tokenizer (agentrl/trainer/dist.py). Registered into the parser by
-`add_train_commands(subparsers)`.
+the run's parts, the other ranks only the env, tasks and tokenizer (agentrl/trainer/dist.py). Registered into
+the parser by `add_train_commands(subparsers)`.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Owns: syncing the engine's weights first when the optimizer has stepped, asking 
 writing the step's trajectories to the store (one write per step, tagged with `train_step` and `dispatch_version`),
 reusing a step's stored rollout on resume, the per-step timing the trainer waited and the engine idled, and
 converting trajectories into TRL's dict; with several ranks (dist.py), rolling out every rank's prompts once on
-rank 0 and returning each rank its slice (`FollowerRollout` on the other ranks). Does not own the loop of one trajectory (runner), rewards (the
-trajectory's `reward`, read by `env_reward`), or when TRL calls us.
+rank 0 and returning each rank its slice (`FollowerRollout` on the other ranks). Does not own the loop of one
+trajectory (runner), rewards (the trajectory's `reward`, read by `env_reward`), or when TRL calls us.
 
 TRL contract (trl 1.16 `GRPOTrainer._generate`, see docs/architecture.md and docs/training.md):
 
