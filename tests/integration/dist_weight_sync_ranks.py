@@ -6,11 +6,15 @@ gradients), then the ranks sync the engine together as the trainer does (`LocalW
 are gathered on rank 0 and compared with what the engine holds; rank 0 writes the verdict as JSON to argv[2].
 
     python -m torch.distributed.run --nproc_per_node 2 dist_weight_sync_ranks.py <checkpoint> <result.json> <dir>
+
+On GPUs (benchmarks/gpu_smoke.sh, AGENTRL_DIST_DEVICE=cuda under `accelerate launch --use_fsdp ...`) the model is
+sharded: every rank's shards are gathered into full tensors (`accelerator.get_state_dict`) and compared instead.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,12 +26,12 @@ from transformers import AutoModelForCausalLM
 
 from agentrl.engine.local import LocalEngine
 from agentrl.trainer.loop import BackgroundLoop
-from agentrl.trainer.weight_sync import DiskWeightSync, LocalWeightSync
+from agentrl.trainer.weight_sync import DiskWeightSync, LocalWeightSync, sharded
 
 
 def train_step(acc: Accelerator, model: torch.nn.Module, opt: torch.optim.Optimizer, vocab: int) -> None:
     gen = torch.Generator().manual_seed(100 + acc.process_index)  # each rank its own data
-    ids = torch.randint(0, vocab, (2, 12), generator=gen)
+    ids = torch.randint(0, vocab, (2, 12), generator=gen).to(acc.device)
     loss = model(input_ids=ids, labels=ids).loss
     acc.backward(loss)
     opt.step()
@@ -35,19 +39,26 @@ def train_step(acc: Accelerator, model: torch.nn.Module, opt: torch.optim.Optimi
 
 
 def compare(acc: Accelerator, model: torch.nn.Module, engine: LocalEngine | None) -> dict[str, float] | None:
-    """Max |engine - trained| over every tensor, for every rank's trained copy (on rank 0)."""
+    """Max |engine - trained| over every tensor, for every rank's trained copy (on rank 0); a sharded model: for the
+    full tensors its ranks' shards make."""
+    if sharded(SimpleNamespace(accelerator=acc)):
+        full = acc.get_state_dict(model)
+        if engine is None:
+            return None
+        held = engine.model.state_dict()
+        return {"gathered": max(float((held[k].cpu() - v.cpu()).abs().max()) for k, v in full.items())}
     mine = {k: v.detach().clone() for k, v in acc.unwrap_model(model).state_dict().items()}
     every: list[dict[str, torch.Tensor] | None] = [None] * acc.num_processes
     tdist.all_gather_object(every, mine)
     if engine is None:
         return None
     held = engine.model.state_dict()
-    return {f"rank{r}": max(float((held[k] - t[k]).abs().max()) for k in t) for r, t in enumerate(every) if t}
+    return {f"rank{r}": max(float((held[k] - t[k].cpu()).abs().max()) for k in t) for r, t in enumerate(every) if t}
 
 
 def main() -> None:
     checkpoint, result, directory = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
-    acc = Accelerator(cpu=True)
+    acc = Accelerator(cpu=os.environ.get("AGENTRL_DIST_DEVICE", "cpu") == "cpu")
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -67,8 +78,9 @@ def main() -> None:
         DiskWeightSync(engine, loop, directory).sync(trainer, 2)  # type: ignore[arg-type]
         out["disk"] = compare(acc, model, engine)
         out["disk_version"] = engine.weight_version if engine else None
-        trained = acc.unwrap_model(model).state_dict()
-        out["moved"] = max(float((trained[k] - initial[k]).abs().max()) for k in initial)
+        trained = acc.get_state_dict(model)
+        if acc.is_main_process:
+            out["moved"] = max(float((trained[k].cpu() - initial[k]).abs().max()) for k in initial)
     finally:
         if loop is not None and engine is not None:
             loop.run(engine.close())

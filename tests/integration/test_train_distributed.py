@@ -144,3 +144,48 @@ def test_nproc_relaunches_the_same_train_command_under_torchrun() -> None:
     assert argv[argv.index("--nproc_per_node") + 1] == "2"
     assert argv[argv.index("-m", 3):] == ["-m", "agentrl.cli", "train", "--config", "job.yaml", "--steps", "2",
                                           "--resume", "--deterministic"]
+
+
+def _rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of torchrun's worker `rank` (a child of the launcher whose environment says RANK=rank)."""
+    for child in Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split():
+        try:
+            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ:
+            return int(child)
+    return None
+
+
+@pytest.mark.timeout(3000)
+def test_resume_after_kill_9_of_rank_1(smollm2_path: Path, tmp_path: Path) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    config = _demo_job(out, smollm2_path)
+    cmd = [sys.executable, "-m", "agentrl.cli", "train", "--config", str(config), "--nproc", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=REPO)
+    store = out / "trajectories.jsonl"
+    deadline = time.monotonic() + 1500
+    while time.monotonic() < deadline and proc.poll() is None:  # step 1's rollout is stored: both ranks train it
+        if store.exists() and len(store.read_text().splitlines()) >= 16:
+            break
+        time.sleep(1)
+    assert proc.poll() is None, f"the run ended before step 1 was rolled out:\n{proc.communicate()[0][-4000:]}"
+    rank1 = _rank_pid(proc.pid, 1)  # --nproc execs torchrun in place: proc.pid is the launcher
+    assert rank1 is not None
+    os.kill(rank1, signal.SIGKILL)
+    log = proc.communicate(timeout=300)[0]
+    assert proc.returncode != 0, log[-3000:]
+    assert not (out / "checkpoints" / "checkpoint-2").exists(), "rank 1 died before step 1 was saved"
+
+    resumed = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, env=_env(), timeout=1500, cwd=REPO)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-6000:]
+    assert "resume: continuing at step 1" in resumed.stdout, resumed.stdout[-3000:]
+    trajectories = read_trajectories(store)
+    assert Counter(t.step for t in trajectories) == {0: 8, 1: 8}, "a step lost or duplicated trajectories"
+    assert len({t.id for t in trajectories}) == 16
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1]
+    assert (out / "checkpoints" / "checkpoint-2" / "rng_state_1.pth").is_file()
