@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "docs" / "configs" / "demo-train.yaml"
 HERE = Path(__file__).parent
 STEPS = 2
+TOLERANCE = 0.02  # |2-rank weights - 1-process weights| / |1-process update|: measured in BENCHMARKS.md
 
 
 def _env() -> dict[str, str]:
@@ -82,8 +83,24 @@ def test_two_processes_give_the_metrics_of_one(runs: dict[int, Path]) -> None:
     for a, b in zip(one, two, strict=True):
         assert a["reward_mean"] == b["reward_mean"], (a, b)
         assert a["pass_rate"] == b["pass_rate"], (a, b)
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-3, abs=1e-6), (a["loss"], b["loss"])
-    assert any(abs(r["loss"]) > 1e-6 for r in one), "no step had a loss: the comparison would prove nothing"
+        # transformers logs the loss rounded to 4 decimals (here often 0.0: equal-length completions, ratio 1);
+        # the trained weights below are the sharper check
+        assert b["loss"] == pytest.approx(a["loss"], abs=2e-4), (a["loss"], b["loss"])
+
+
+@pytest.mark.timeout(3000)
+def test_two_processes_train_the_weights_of_one(runs: dict[int, Path], smollm2_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    start = load_file(str(smollm2_path / "model.safetensors"))
+    one, two = (load_file(str(runs[n] / "checkpoints" / f"checkpoint-{STEPS}" / "model.safetensors")) for n in (1, 2))
+    keys = sorted(set(start) & set(one) & set(two))
+    assert keys and set(one) == set(two)
+    moved = sum(float(((one[k] - start[k]) ** 2).sum()) for k in keys) ** 0.5
+    apart = sum(float(((two[k] - one[k]) ** 2).sum()) for k in keys) ** 0.5
+    assert moved > 0, "training did not move the weights: the comparison would prove nothing"
+    # the same update up to float summation order (2 ranks x 2 micro-batches vs 4 micro-batches, gloo all-reduce)
+    assert apart <= TOLERANCE * moved, (apart, moved)
 
 
 @pytest.mark.timeout(3000)
@@ -147,14 +164,15 @@ def test_nproc_relaunches_the_same_train_command_under_torchrun() -> None:
 
 
 def _rank_pid(launcher: int, rank: int) -> int | None:
-    """The pid of torchrun's worker `rank` (a child of the launcher whose environment says RANK=rank)."""
-    for child in Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split():
+    """The pid of torchrun's worker `rank`: a child of the launcher whose environment says RANK=rank."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-        except OSError:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
             continue
-        if f"RANK={rank}".encode() in environ:
-            return int(child)
+        if ppid == launcher and f"RANK={rank}".encode() in environ:
+            return int(stat.parent.name)
     return None
 
 
