@@ -184,19 +184,20 @@ def test_resume_after_kill_9_of_rank_1(smollm2_path: Path, tmp_path: Path) -> No
     out = tmp_path / "run"
     config = _demo_job(out, smollm2_path)
     cmd = [sys.executable, "-m", "agentrl.cli", "train", "--config", str(config), "--nproc", "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=REPO)
+    log_path = tmp_path / "killed.log"  # a file, not a pipe nobody reads while we wait
+    proc = subprocess.Popen(cmd, stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=_env(), cwd=REPO)
     store = out / "trajectories.jsonl"
     deadline = time.monotonic() + 1500
     while time.monotonic() < deadline and proc.poll() is None:  # step 1's rollout is stored: both ranks train it
         if store.exists() and len(store.read_text().splitlines()) >= 16:
             break
         time.sleep(1)
-    assert proc.poll() is None, f"the run ended before step 1 was rolled out:\n{proc.communicate()[0][-4000:]}"
+    assert proc.poll() is None, f"the run ended before step 1 was rolled out:\n{log_path.read_text()[-4000:]}"
     rank1 = _rank_pid(proc.pid, 1)  # --nproc execs torchrun in place: proc.pid is the launcher
     assert rank1 is not None
     os.kill(rank1, signal.SIGKILL)
-    log = proc.communicate(timeout=300)[0]
-    assert proc.returncode != 0, log[-3000:]
+    proc.wait(timeout=300)
+    assert proc.returncode != 0, log_path.read_text()[-3000:]
     assert not (out / "checkpoints" / "checkpoint-2").exists(), "rank 1 died before step 1 was saved"
 
     resumed = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, env=_env(), timeout=1500, cwd=REPO)
