@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "docs" / "configs" / "demo-train.yaml"
 HERE = Path(__file__).parent
 STEPS = 2
-TOLERANCE = 0.02  # |2-rank weights - 1-process weights| / |1-process update|: measured in BENCHMARKS.md
+TOLERANCE = 1e-3  # |2-rank weights - 1-process weights| / |1-process update|; measured 4.6e-5 (BENCHMARKS.md)
 
 
 def _env() -> dict[str, str]:
