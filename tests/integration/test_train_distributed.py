@@ -208,3 +208,37 @@ def test_resume_after_kill_9_of_rank_1(smollm2_path: Path, tmp_path: Path) -> No
     assert len({t.id for t in trajectories}) == 16
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1]
     assert (out / "checkpoints" / "checkpoint-2" / "rng_state_1.pth").is_file()
+
+
+RANKS_SCRIPT = """
+import json, sys
+from agentrl.errors import ConfigError
+from agentrl.trainer.dist import Ranks, RankFailedError
+ranks = Ranks.from_env()
+ranks.start("cpu")
+out = {"gathered": ranks.gather([f"p{ranks.rank}a", f"p{ranks.rank}b"])}
+out["shared"] = ranks.share(lambda: {"from": ranks.rank})
+def fail():
+    raise ConfigError("rank 0 cannot go on")
+try:
+    ranks.share(fail)
+except RankFailedError as exc:
+    out["error"] = ["RankFailedError", str(exc)]
+except ConfigError as exc:
+    out["error"] = ["ConfigError", str(exc)]
+open(sys.argv[1] + f".{ranks.rank}", "w").write(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_rank_0_gathers_in_rank_order_and_its_failure_reaches_every_rank(tmp_path: Path) -> None:
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_SCRIPT)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(script), str(tmp_path / "out")], capture_output=True, text=True, env=_env(), timeout=240)
+    assert out.returncode == 0, out.stderr[-4000:]
+    r0, r1 = (json.loads((tmp_path / f"out.{r}").read_text()) for r in (0, 1))
+    assert r0["gathered"] == ["p0a", "p0b", "p1a", "p1b"] and r1["gathered"] is None
+    assert r0["shared"] == r1["shared"] == {"from": 0}
+    assert r0["error"] == ["ConfigError", "rank 0 cannot go on"]
+    assert r1["error"] == ["RankFailedError", "rank 0 failed: ConfigError: rank 0 cannot go on"]
