@@ -2,10 +2,11 @@
 
 Owns: `build_run(cfg) -> RunParts` (env and tasks, engine + tokenizer, renderer, sampling, budgets, scheduler config,
 sandbox spec and pool, scorer, deferred drift worker, the one `config_hash` and the run metadata), and every
-construction of a `Rollout` or a `Scheduler` (`RunParts.rollout()`, `RunParts.scheduler()`). `agentrl rollout`,
-`train` and `eval` build their parts here; `envs check` and `replay` build their sandbox pools here (`make_pool`).
-Does not own running anything: the CLI enters the pool and scorer and runs the schedulers, and the trainer gets the
-built parts injected (it never builds them).
+construction of a `Rollout` or a `Scheduler` (`RunParts.rollout()`, `RunParts.scheduler()`); and
+`build_rank_parts(cfg) -> RankParts`, the lighter parts of training ranks other than 0 (no engine, pool or
+scorer). `agentrl rollout`, `train` and `eval` build their parts here; `envs check` and `replay` build their
+sandbox pools here (`make_pool`). Does not own running anything: the CLI enters the pool and scorer and runs
+the schedulers, and the trainer gets the built parts injected (it never builds them).
 
 Import contracts (pyproject.toml): outside the runner only this module imports `agentrl.runner.rollout` and
 `agentrl.runner.scheduler`, nothing but the runner and this module imports the runner's package face, and only
@@ -153,6 +154,37 @@ def build_run(cfg: RolloutConfig | TrainConfig, *, env: Env | None = None, tasks
         pool=pool if pool is not None else pool_from_config(view, spec, uuid.uuid4().hex[:12], env),
         scorer=make_scorer(view.reward, env), config_hash=run_hash, meta=meta,
         drift=make_drift(view.drift_check, renderer))
+
+
+@dataclass
+class RankParts:
+    """What a training rank other than 0 is built from (agentrl/trainer/dist.py): the env, its tasks, the tokenizer
+    and the checkpoint. No engine, sandbox pool or scorer: rank 0 rolls out every rank's prompts. `sampling` is
+    rank 0's, received when the job starts."""
+
+    config: RolloutConfig
+    env: Env
+    tasks: list[Task]
+    tokenizer: Any
+    model_path: Path
+    sampling: SamplingParams | None = None
+
+
+def build_rank_parts(cfg: TrainConfig) -> RankParts:
+    """The parts of a training rank other than 0 (blocking: loads the tokenizer). The checkpoint is the job's
+    `model`; an HTTP engine's served checkpoint is not looked up here, so several ranks need `model` set."""
+    from transformers import AutoTokenizer
+
+    from agentrl.engine.models import resolve_model
+
+    view = rollout_view(cfg)
+    if view.engine.type != "local" and view.engine.model is None:
+        raise ConfigError(f"training on several ranks with engine type {view.engine.type!r} needs `model`: a local "
+                          "copy of the served checkpoint, which every rank loads")
+    env, tasks = run_env(view)
+    path = resolve_model(view.engine.model)
+    return RankParts(config=view, env=env, tasks=tasks, tokenizer=AutoTokenizer.from_pretrained(path),
+                     model_path=path)
 
 
 def run_sampling(cfg: RolloutConfig, eos_token_ids: list[int]) -> SamplingParams:

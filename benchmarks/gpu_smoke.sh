@@ -96,3 +96,19 @@ rollout v1
 "$AGENTRL_PYTHON" benchmarks/gpu_smoke_report.py report --model "$MODEL" --weights "$WORK/weights-v1" \
   --summary "$WORK/v1.summary.json" --rollout "$WORK/v1.jsonl" --version 1 --device "$DEVICE"
 echo "gpu_smoke: done (logs and trajectories in $WORK)"
+
+# Sharded training (docs/training.md, "Scaling out"): FSDP2 over every GPU of this machine. Each rank trains on its
+# own data; the weight sync gathers the shards into full tensors on rank 0 (in place, then through disk) and the
+# engine's tensors must equal them (`"gathered": 0.0` in both). STATUS: NOT YET RUN (no GPU when it was written; the
+# same script runs unsharded on 2 CPU ranks in tests/integration/test_train_distributed.py).
+NGPU=$(nvidia-smi -L | wc -l)
+echo "== FSDP weight sync on $NGPU GPU rank(s)"
+AGENTRL_DIST_DEVICE=cuda "$AGENTRL_PYTHON" -m accelerate.commands.launch --num_processes "$NGPU" --use_fsdp \
+  --fsdp_version 2 --fsdp_state_dict_type FULL_STATE_DICT --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP \
+  --fsdp_transformer_layer_cls_to_wrap LlamaDecoderLayer --fsdp_reshard_after_forward true \
+  tests/integration/dist_weight_sync_ranks.py "$MODEL" "$WORK/fsdp.json" "$WORK/fsdp-weights"
+cat "$WORK/fsdp.json"; echo
+"$AGENTRL_PYTHON" -c "import json, sys; v = json.load(open(sys.argv[1])); assert 'FSDP' in v['distributed_type'], v; \
+assert v['local'] == {'gathered': 0.0} and v['disk'] == {'gathered': 0.0} and v['moved'] > 0, v; print('fsdp: ok')" \
+  "$WORK/fsdp.json"
+echo "gpu_smoke: FSDP done"

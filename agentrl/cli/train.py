@@ -1,13 +1,15 @@
 """`agentrl train` and `agentrl eval`: wiring the training job and checkpoint evaluation from a job config.
 
-    agentrl train --config job.yaml [--resume] [--steps N] [--output-dir DIR] [--seed S]
+    agentrl train --config job.yaml [--resume] [--steps N] [--output-dir DIR] [--seed S] [--nproc N]
     agentrl eval --checkpoint A [--baseline B] [--config job.yaml] [--out DIR] [--tasks N] [--samples K]
                  [--no-greedy]
 
 The parts (env, engine + tokenizer from the checkpoint, renderer, sampling, budgets, sandbox pool, scorer,
 config_hash) come from the composition root `agentrl.compose.build_run` and are handed to
-`agentrl.trainer.job.Job` / `agentrl.trainer.eval.evaluate`. Registered into the parser by
-`add_train_commands(subparsers)`.
+`agentrl.trainer.job.Job` / `agentrl.trainer.eval.evaluate`. Under `torchrun` / `accelerate launch` (or
+`--nproc N`, which starts `torchrun` on this machine with the same arguments) every rank runs `train`: rank 0 builds
+the run's parts, the other ranks only the env, tasks and tokenizer (agentrl/trainer/dist.py). Registered into
+the parser by `add_train_commands(subparsers)`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ def add_train_commands(sub: Any) -> None:
     p.add_argument("--seed", type=int, help="overrides `seed`")
     p.add_argument("--deterministic", action="store_true", default=None,
                    help="identical trajectories, metrics and checkpoints per seed (slower; docs/determinism.md)")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="train on N processes on this machine (torchrun; rank 0 rolls out, every rank trains its "
+                        "slice; docs/training.md, Scaling out)")
     p.set_defaults(func=_cmd_train)
     e = sub.add_parser("eval", help="score a checkpoint on a fixed task set (sampled + greedy), diff vs a baseline",
                        description="Means come with 95%% bootstrap intervals over tasks; the candidate-vs-baseline "
@@ -86,9 +91,36 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _cmd_train(a: argparse.Namespace) -> int:
-    from agentrl.trainer.config import TrainConfig
+def train_argv(a: argparse.Namespace) -> list[str]:
+    """`train` and its arguments as parsed, without --nproc: what every rank runs."""
+    argv = ["train"]
+    for flag, value in (("--config", a.config), ("--steps", a.steps), ("--output-dir", a.output_dir),
+                        ("--seed", a.seed)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + ["--resume"] * bool(a.resume) + ["--deterministic"] * bool(a.deterministic)
 
+
+def launch_argv(nproc: int, argv: list[str]) -> list[str]:
+    """The `torchrun` command that runs `agentrl <argv>` on `nproc` ranks of this machine."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+            "-m", "agentrl.cli", *argv]
+
+
+def _cmd_train(a: argparse.Namespace) -> int:
+    import os
+
+    from agentrl.trainer.config import TrainConfig
+    from agentrl.trainer.dist import Ranks
+
+    if a.nproc < 1:
+        raise ConfigError("--nproc must be >= 1")
+    if a.nproc > 1:
+        if Ranks.from_env().distributed:
+            raise ConfigError("--nproc under torchrun / accelerate launch: the launcher already started the ranks; "
+                              "drop --nproc")
+        argv = launch_argv(a.nproc, train_argv(a))
+        os.execv(argv[0], argv)  # torchrun owns the ranks now (and forwards SIGTERM / SIGINT to them)
     cfg = load_config(TrainConfig, a.config, _train_overrides(a))
     _quiet_libraries()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM tears down like Ctrl-C
@@ -99,6 +131,8 @@ def _cmd_train(a: argparse.Namespace) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if not result.is_main:
+        return 0
     if result.stopped_by is not None:
         print(f"train: stopped after {result.steps_done} steps by the {result.stopped_by} (integrity.action: stop); "
               f"everything stored so far is kept: metrics {cfg.metrics_path}, trajectories {cfg.trajectories_path}, "
@@ -112,22 +146,26 @@ def _cmd_train(a: argparse.Namespace) -> int:
 
 def run_train(cfg: Any, *, resume: bool = False) -> Any:
     """Build the parts of `cfg` (agentrl.compose) and run the job (blocking). Returns the trainer's JobResult."""
+    from agentrl.trainer.dist import Ranks
     from agentrl.trainer.job import Job
 
-    parts = train_parts(cfg)
+    ranks = Ranks.from_env()
+    parts = train_parts(cfg, main=ranks.is_main)
     try:
-        return Job(cfg, parts, resume=resume, echo=lambda line: print(line, flush=True)).run()
+        return Job(cfg, parts, resume=resume, echo=lambda line: print(line, flush=True), ranks=ranks).run()
     finally:
-        asyncio.run(parts.run.aclose())
+        if ranks.is_main:
+            asyncio.run(parts.run.aclose())
 
 
-def train_parts(cfg: Any) -> Any:
-    """The JobParts of a training job: the run's parts from the composition root plus the eval / snapshot tasks."""
+def train_parts(cfg: Any, *, main: bool = True) -> Any:
+    """The JobParts of a training job: the run's parts from the composition root plus the eval / snapshot tasks.
+    `main=False`: a rank other than 0, which gets only the env, tasks and tokenizer (`build_rank_parts`)."""
     from agentrl.cli.wiring import tune_gc
-    from agentrl.compose import build_run, select_tasks
+    from agentrl.compose import build_rank_parts, build_run, select_tasks
     from agentrl.trainer.job import JobParts
 
-    run = build_run(cfg)
+    run = build_run(cfg) if main else build_rank_parts(cfg)
     eval_tasks = select_tasks(run.env, cfg.eval.tasks, cfg.eval.task_ids) if cfg.eval_every else []
     snap = cfg.snapshot
     snapshot_tasks = (select_tasks(run.env, None, snap.tasks) if isinstance(snap.tasks, list)

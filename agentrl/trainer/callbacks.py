@@ -6,6 +6,9 @@ first step (the baseline, "step-0"), after every `eval_every` optimizer steps, a
 behaviour snapshots run: before the first step and right after each saved checkpoint whose step is a multiple of
 `snapshot_every` (so their rollouts go into that checkpoint's directory).
 
+Ranks other than 0 run the same callback without a writer (their rollout function records no steps) so that they
+join rank 0's weight sync before evaluation and snapshots; `RankStop` carries rank 0's stop to them.
+
 Callback order within one optimizer step (transformers 5): on_step_begin -> [rollout_func, forward/backward,
 optimizer.step] -> on_step_end (global_step already incremented) -> on_log (TRL's averaged logs) -> save.
 """
@@ -20,6 +23,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from agentrl.runner import integrity
+from agentrl.trainer.dist import Ranks
 from agentrl.trainer.metrics import MetricsWriter, step_metrics, table_header, table_row
 from agentrl.trainer.rollout_func import AgentRollout
 
@@ -27,7 +31,7 @@ log = logging.getLogger("agentrl.integrity")
 
 
 class StepCallback(TrainerCallback):
-    def __init__(self, rollout: AgentRollout, writer: MetricsWriter, *, total_steps: int,
+    def __init__(self, rollout: AgentRollout, writer: MetricsWriter | None, *, total_steps: int,
                  echo: Callable[[str], None] = print, eval_every: int = 0,
                  run_eval: Callable[[int], None] | None = None, snapshot_every: int = 0,
                  run_snapshot: Callable[[int], None] | None = None, gc_monitor: Any = None,
@@ -94,7 +98,8 @@ class StepCallback(TrainerCallback):
                            sync_s=sync_s, reused=done.reused, engine_idle_s=done.engine_idle_s,
                            pipeline=done.pipeline, gc=self.gc_monitor.take() if self.gc_monitor else None,
                            lag=self.loop_lag.take() if self.loop_lag else None)
-        self.writer.write(row)
+        if self.writer is not None:
+            self.writer.write(row)
         self.rows.append(row)
         self.echo(table_row(row))
         self._alarm(control)
@@ -116,3 +121,17 @@ class StepCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.eval_every:
             self._eval(state.global_step)
+
+
+class RankStop(TrainerCallback):
+    """Several ranks: after each step's log, every rank learns whether rank 0 (whose StepCallback raised the
+    integrity alarm) stops training, so that no rank waits for a step the others never start. Registered after
+    the StepCallback."""
+
+    def __init__(self, ranks: Ranks) -> None:
+        self.ranks = ranks
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        if "loss" in (logs or {}) and self.ranks.share(lambda: bool(control.should_training_stop)):
+            control.should_training_stop = True

@@ -9,7 +9,8 @@ the engine's exactly when top_p = 1 and top_k = 0), budgets.max_completion_token
 runner enforces it; TRL only normalises by it), group_size -> num_generations, one optimizer step per step:
 per_device_train_batch_size = micro_batch, gradient_accumulation_steps = batch*group/micro_batch, and TRL's default
 steps_per_generation = gradient_accumulation_steps, so rollout_func is called once per optimizer step with all
-batch*group prompts.
+batch*group prompts (with N ranks: per_device = micro_batch, accumulation = batch*group/(micro_batch*N), and each
+rank's rollout_func gets its batch*group/N prompts; dist.py).
 
 Importance-sampling shim (docs/training.md, Off-policy correction): TRL 1.16 computes the IS ratio between the trainer's
 logprobs and the sampling logprobs only when `use_vllm` is on. `enable_importance_sampling` flips the trainer's
@@ -42,9 +43,17 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     ) from exc
 
 
-def grpo_config(cfg: TrainConfig, sampling: SamplingParams) -> GRPOConfig:
-    """The GRPOConfig of a job. Checkpoints go to `<output_dir>/checkpoints/checkpoint-<step>`."""
-    per_step, micro = cfg.completions_per_step, cfg.micro_batch
+def grpo_config(cfg: TrainConfig, sampling: SamplingParams, world: int = 1) -> GRPOConfig:
+    """The GRPOConfig of a job. Checkpoints go to `<output_dir>/checkpoints/checkpoint-<step>`.
+
+    `world` ranks share one step's `batch_size * group_size` completions: each trains `micro_batch` completions per
+    forward/backward, `per_step / (micro_batch * world)` times, so the global batch is the same at any world size."""
+    per_step = cfg.completions_per_step
+    micro = cfg.micro_batch_size or max(1, per_step // world)  # unset: each rank's share in one pass
+    if per_step % (micro * world):
+        raise ConfigError(f"{world} ranks x micro_batch_size {micro} must divide batch_size * group_size = "
+                          f"{per_step} completions per step: choose a micro_batch_size that divides "
+                          f"{per_step // world if per_step % world == 0 else per_step} or another number of ranks")
     is_cfg = cfg.importance_sampling
     extra: dict[str, Any] = {}
     if cfg.epsilon_high is not None:
@@ -52,7 +61,7 @@ def grpo_config(cfg: TrainConfig, sampling: SamplingParams) -> GRPOConfig:
     return GRPOConfig(
         output_dir=str(cfg.checkpoints_dir),
         per_device_train_batch_size=micro,
-        gradient_accumulation_steps=per_step // micro,
+        gradient_accumulation_steps=per_step // (micro * world),
         num_generations=cfg.group_size,
         num_iterations=1,
         max_steps=cfg.steps,
@@ -91,6 +100,7 @@ def grpo_config(cfg: TrainConfig, sampling: SamplingParams) -> GRPOConfig:
         data_seed=cfg.seed,
         full_determinism=cfg.deterministic,  # torch.use_deterministic_algorithms + seeds, at trainer start
         dataloader_num_workers=0,
+        ddp_find_unused_parameters=False if world > 1 else None,  # every parameter takes part in the loss
         **extra,
     )
 

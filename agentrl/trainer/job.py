@@ -40,15 +40,16 @@ from agentrl.runner.lag import LoopLag
 from agentrl.store import TrajectoryStore
 from agentrl.trainer import eval as evaluation
 from agentrl.trainer import snapshots
-from agentrl.trainer.callbacks import StepCallback
+from agentrl.trainer.callbacks import RankStop, StepCallback
 from agentrl.trainer.checks import check_startup
 from agentrl.trainer.config import TrainConfig
+from agentrl.trainer.dist import Ranks
 from agentrl.trainer.grpo import AgentGRPOTrainer, enable_importance_sampling, grpo_config, load_policy, peft_config
 from agentrl.trainer.loop import BackgroundLoop
 from agentrl.trainer.metrics import MetricsWriter
 from agentrl.trainer.pipeline import PipelineConfig, RolloutPipeline, TaskStream, consumed_slots, sampler_order
 from agentrl.trainer.resume import ResumeState, prepare_resume
-from agentrl.trainer.rollout_func import AgentRollout, env_reward
+from agentrl.trainer.rollout_func import AgentRollout, FollowerRollout, env_reward
 from agentrl.trainer.weight_sync import AdapterWeightSync, DiskWeightSync, LocalWeightSync, WeightSync
 from agentrl.types import SamplingParams
 
@@ -96,6 +97,7 @@ class JobResult:
     rows: list[dict[str, Any]]
     output_dir: Path
     stopped_by: str | None = None  # the integrity alarm that stopped training (integrity.action: stop)
+    is_main: bool = True  # rank 0 (which reports the job); False on the other ranks
 
 
 def guard_output_dir(cfg: TrainConfig, resume: bool) -> None:
@@ -130,7 +132,7 @@ def task_dataset(tasks: list[Task], batch_size: int) -> Any:
     return Dataset.from_dict({"prompt": ids})
 
 
-def _weight_sync(cfg: TrainConfig, engine: Any, loop: BackgroundLoop) -> WeightSync:
+def _weight_sync(cfg: TrainConfig, engine: Any, loop: BackgroundLoop | None) -> WeightSync:
     if cfg.weight_sync == "disk":
         return DiskWeightSync(engine, loop, cfg.output_dir / "weights")
     if cfg.weight_sync == "adapter":
@@ -149,25 +151,32 @@ class Job:
     """Runs one training job; see the module docstring. `run()` may be called once."""
 
     def __init__(self, cfg: TrainConfig, parts: JobParts, *, resume: bool = False,
-                 echo: Callable[[str], None] = print) -> None:
+                 echo: Callable[[str], None] = print, ranks: Ranks | None = None) -> None:
         self.cfg = cfg
         self.parts = parts
         self.resume = resume
-        self.echo = echo
+        self.ranks = ranks or Ranks()
+        self.echo = echo if self.ranks.is_main else _silent
         self.run_parts = parts.run
         self.sampling = parts.run.sampling
         self.trainer: Any = None
         self.rollout_fn: AgentRollout | None = None
 
     def run(self) -> JobResult:
+        """Rank 0 (the only rank of a 1-process job) prepares the output dir, rolls out and writes everything; the
+        other ranks train their slice of each step (dist.py)."""
         cfg = self.cfg
-        guard_output_dir(cfg, self.resume)
-        if self.resume:
-            check_resume_config(cfg)
-        cfg.output_dir.mkdir(parents=True, exist_ok=True)
-        state = prepare_resume(cfg.output_dir, cfg.completions_per_step) if self.resume else ResumeState(0, None)
-        self._announce(state)
-        (cfg.output_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
+        if self.ranks.distributed:
+            self.ranks.start(cfg.device)
+            prepared: list[ResumeState] = []
+            step, checkpoint, self.sampling = self.ranks.share(lambda: self._prepare(prepared))
+            state = prepared[0] if prepared else ResumeState(step, checkpoint)
+            if not self.ranks.is_main:
+                return self._run_follower(state)
+        else:
+            prepared = []
+            self._prepare(prepared)
+            state = prepared[0]
         with BackgroundLoop() as loop, contextlib.ExitStack() as stack:
             pool_stack = contextlib.AsyncExitStack()
             loop.run(pool_stack.enter_async_context(self.run_parts.pool))
@@ -185,6 +194,55 @@ class Job:
         return JobResult(steps_done=int(self.trainer.state.global_step), resumed_from=state.step,
                          rows=callback.rows, output_dir=cfg.output_dir,
                          stopped_by=None if callback.stopped_by is None else str(callback.stopped_by))
+
+    def _prepare(self, out: list[ResumeState]) -> tuple[int, Path | None, SamplingParams]:
+        """Rank 0: guard the output dir, cut it back to its last checkpoint on resume, write config.json."""
+        cfg = self.cfg
+        guard_output_dir(cfg, self.resume)
+        if self.resume:
+            check_resume_config(cfg)
+        cfg.output_dir.mkdir(parents=True, exist_ok=True)
+        state = prepare_resume(cfg.output_dir, cfg.completions_per_step) if self.resume else ResumeState(0, None)
+        self._announce(state)
+        (cfg.output_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
+        out.append(state)
+        return state.step, state.checkpoint, self.sampling
+
+    def _run_follower(self, state: ResumeState) -> JobResult:
+        """A rank other than 0: no pool, store or metrics; the same trainer, fed its slice by rank 0."""
+        cfg = self.cfg
+        rollout_fn = FollowerRollout(ranks=self.ranks, weight_sync=_weight_sync(cfg, None, None))
+        self.rollout_fn = rollout_fn  # type: ignore[assignment]
+        sync = functools.partial(_sync_between_steps, self, rollout_fn)  # rank 0's evaluation syncs collectively
+        callback = StepCallback(rollout_fn, None, total_steps=cfg.steps, echo=_silent,  # type: ignore[arg-type]
+                                eval_every=cfg.eval_every if self.parts.eval_tasks else 0, run_eval=sync,
+                                snapshot_every=cfg.snapshot.every if self.parts.snapshot_tasks else 0,
+                                run_snapshot=sync)
+        with contextlib.ExitStack() as stack:
+            stack.callback(torch.use_deterministic_algorithms, torch.are_deterministic_algorithms_enabled())
+            self.trainer = self._trainer(rollout_fn, [callback, RankStop(self.ranks)])
+            self.trainer.train(resume_from_checkpoint=str(state.checkpoint) if state.checkpoint else None)
+        return JobResult(steps_done=int(self.trainer.state.global_step), resumed_from=state.step, rows=[],
+                         output_dir=cfg.output_dir, is_main=False)
+
+    def _trainer(self, rollout_fn: Any, callbacks: list[Any]) -> Any:
+        """The TRL trainer of this rank (every rank builds the same one from the same seed)."""
+        cfg, run = self.cfg, self.run_parts
+        if cfg.deterministic:  # before the policy is built: a LoRA adapter's initialisation draws from torch's RNG
+            from transformers import enable_full_determinism
+
+            enable_full_determinism(cfg.seed)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*rollout_func.*experimental")
+            trainer = AgentGRPOTrainer(
+                model=load_policy(run.model_path, cfg), reward_funcs=[env_reward],
+                args=grpo_config(cfg, self.sampling, self.ranks.world),
+                train_dataset=task_dataset(run.tasks, cfg.batch_size), processing_class=run.tokenizer,
+                peft_config=peft_config(cfg), rollout_func=rollout_fn, callbacks=callbacks)
+        _strip_console_callbacks(trainer)
+        if cfg.importance_correction:
+            enable_importance_sampling(trainer, cfg.importance_sampling, rollout_fn.maybe_sync)
+        return trainer
 
     def _announce(self, state: ResumeState) -> None:
         cfg = self.cfg
@@ -208,7 +266,7 @@ class Job:
             oversample=cfg.rollout.oversample, last_step=cfg.steps - 1), start_step=state.step)
         rollout_fn = AgentRollout(pipeline=pipeline, store=store, loop=loop,
                                   weight_sync=_weight_sync(cfg, run.engine, loop), group_size=cfg.group_size,
-                                  end_id=end_id, reuse=state.reuse)
+                                  end_id=end_id, reuse=state.reuse, ranks=self.ranks)
         self.rollout_fn = rollout_fn
         callback = StepCallback(rollout_fn, MetricsWriter(cfg.metrics_path), total_steps=cfg.steps,
                                 echo=self.echo, eval_every=cfg.eval_every if parts.eval_tasks else 0,
@@ -216,23 +274,11 @@ class Job:
                                 snapshot_every=cfg.snapshot.every if parts.snapshot_tasks else 0,
                                 run_snapshot=lambda step: self._snapshot(loop, rollout_fn, step),
                                 gc_monitor=parts.gc_monitor, loop_lag=lag, integrity_options=cfg.integrity)
-        if cfg.deterministic:  # before the policy is built: a LoRA adapter's initialisation draws from torch's RNG
-            from transformers import enable_full_determinism
-
-            enable_full_determinism(cfg.seed)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*rollout_func.*experimental")
-            self.trainer = AgentGRPOTrainer(
-                model=load_policy(run.model_path, cfg), reward_funcs=[env_reward],
-                args=grpo_config(cfg, self.sampling), train_dataset=task_dataset(run.tasks, cfg.batch_size),
-                processing_class=run.tokenizer, peft_config=peft_config(cfg), rollout_func=rollout_fn,
-                callbacks=[callback])
-        _strip_console_callbacks(self.trainer)
+        self.trainer = self._trainer(rollout_fn, [callback, RankStop(self.ranks)] if self.ranks.distributed
+                                     else [callback])
         if not pipeline.config.synchronous:
             done = state.kept_trajectories + [t for ts in state.reuse.values() for t in ts]
             pipeline.stream = TaskStream(sampler_order(self.trainer, cfg.group_size), skip=consumed_slots(done))
-        if cfg.importance_correction:
-            enable_importance_sampling(self.trainer, cfg.importance_sampling, rollout_fn.maybe_sync)
         check_startup(engine=run.engine, trainer=self.trainer, runner_tokenizer=run.renderer.tok,
                       sampling=self.sampling, max_completion_tokens=cfg.budgets.max_completion_tokens)
         return callback
@@ -274,6 +320,15 @@ class Job:
                       f"{_fmt(row['pass_rate'])}  len {_fmt(row['completion_len_mean'])}  format "
                       f"{_fmt(row['format_rate'])}  tool errors {_fmt(row['tool_error_rate'])}  trunc "
                       f"{_fmt(row['truncation_rate'])}")
+
+
+def _silent(line: str) -> None:
+    """Ranks other than 0 print nothing: rank 0 reports the job."""
+
+
+def _sync_between_steps(job: Job, rollout_fn: FollowerRollout, step: int) -> None:
+    """A follower's side of rank 0's sync before evaluation or a snapshot (collective when the model is sharded)."""
+    rollout_fn.maybe_sync(job.trainer, account=False)
 
 
 def _fmt(x: float | None) -> str:

@@ -4,8 +4,9 @@ Owns: syncing the engine's weights first when the optimizer has stepped, asking 
 (`pipeline.py`: the one scheduler's fan-out, admission and staleness bounds, over-sampling) for the step's groups,
 writing the step's trajectories to the store (one write per step, tagged with `train_step` and `dispatch_version`),
 reusing a step's stored rollout on resume, the per-step timing the trainer waited and the engine idled, and
-converting trajectories into TRL's dict. Does not own the loop of one trajectory (runner), rewards (the
-trajectory's `reward`, read by `env_reward`), or when TRL calls us.
+converting trajectories into TRL's dict; with several ranks (dist.py), rolling out every rank's prompts once on
+rank 0 and returning each rank its slice (`FollowerRollout` on the other ranks). Does not own the loop of one
+trajectory (runner), rewards (the trajectory's `reward`, read by `env_reward`), or when TRL calls us.
 
 TRL contract (trl 1.16 `GRPOTrainer._generate`, see docs/architecture.md and docs/training.md):
 
@@ -33,6 +34,7 @@ from typing import Any
 
 from agentrl.errors import ConfigError
 from agentrl.store import TrajectoryStore
+from agentrl.trainer.dist import Ranks, rank_slice
 from agentrl.trainer.loop import BackgroundLoop
 from agentrl.trainer.pipeline import RolloutPipeline
 from agentrl.trainer.weight_sync import WeightSync
@@ -104,7 +106,8 @@ class AgentRollout:
 
     def __init__(self, *, pipeline: RolloutPipeline, store: TrajectoryStore, loop: BackgroundLoop,
                  weight_sync: WeightSync, group_size: int, end_id: int,
-                 reuse: Mapping[int, list[Trajectory]] | None = None) -> None:
+                 reuse: Mapping[int, list[Trajectory]] | None = None, ranks: Ranks | None = None) -> None:
+        self.ranks = ranks or Ranks()
         self.pipeline = pipeline
         self.scheduler = pipeline.scheduler
         self.store = store
@@ -120,8 +123,16 @@ class AgentRollout:
 
     # -- TRL entry point -------------------------------------------------------------------------------------
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
-        step = int(trainer.state.global_step)
         self.maybe_sync(trainer)
+        if not self.ranks.distributed:
+            return self.rollout(prompts, trainer)
+        everything = self.ranks.gather(prompts)  # the global batch, in TRL's order (rank 0's slice first)
+        batch = self.ranks.share(lambda: self.rollout(everything or [], trainer))
+        return rank_slice(batch, self.ranks.rank, len(prompts))
+
+    def rollout(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        """The step's trajectories for `prompts` (all ranks' prompts when distributed), stored, as TRL's dict."""
+        step = int(trainer.state.global_step)
         blocks = group_blocks(prompts, self.group_size)
         t0 = time.perf_counter()
         trajectories = self._take_reuse(step, blocks)
@@ -181,3 +192,35 @@ class AgentRollout:
             return None
         log.info("resume: reusing the stored rollout of step %d (%d trajectories)", step, len(stored))
         return stored
+
+
+class FollowerRollout:
+    """The rollout function of ranks other than 0: no engine, pool or store. It takes part in the weight sync (a
+    sharded model is gathered by every rank), sends its prompts to rank 0 and returns the slice rank 0 rolled out
+    for it (dist.py)."""
+
+    def __init__(self, *, ranks: Ranks, weight_sync: WeightSync) -> None:
+        self.ranks = ranks
+        self.weight_sync = weight_sync
+        self.synced_version: int | None = None
+        self.steps: dict[int, StepRollout] = {}  # never filled: rank 0 reports the steps
+        self.sync_s: dict[int, float] = {}
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        self.maybe_sync(trainer)
+        self.ranks.gather(prompts)
+        return rank_slice(self.ranks.share(_never), self.ranks.rank, len(prompts))
+
+    def maybe_sync(self, trainer: Any, *, account: bool = True) -> float:
+        step = int(trainer.state.global_step)
+        if self.synced_version != step:
+            self.weight_sync.sync(trainer, step)
+            self.synced_version = step
+        return 0.0
+
+    def close(self) -> None:
+        pass
+
+
+def _never() -> Any:
+    raise AssertionError("only rank 0 rolls out")

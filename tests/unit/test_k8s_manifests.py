@@ -22,7 +22,7 @@ from agentrl.sandbox.kubernetes import KubernetesSandboxConfig
 
 K8S = Path(__file__).resolve().parents[2] / "k8s"
 ROOTS = ["base", "rollout", "training", "overlays/kind", "overlays/gvisor", "overlays/agent-sandbox",
-         "overlays/dev-cluster"]
+         "overlays/dev-cluster", "overlays/training-ranks", "overlays/dev-cluster-train"]
 SUPPORTED = ["1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0", "1.36.0", "1.37.0"]
 WORKLOADS = ("Deployment", "Job", "StatefulSet", "DaemonSet", "Pod")
 
@@ -72,8 +72,8 @@ def test_pods_are_restricted_and_guaranteed(rendered: tuple[str, list[dict]]) ->
         psc = spec["securityContext"]
         assert psc["runAsNonRoot"] is True and psc["seccompProfile"] == {"type": "RuntimeDefault"}, where
         assert not any(spec.get(k) for k in ("hostPID", "hostIPC")), where
-        # the dev cluster's rollout pod alone (its pods cannot reach each other: k8s/overlays/dev-cluster)
-        assert not spec.get("hostNetwork") or root == "overlays/dev-cluster", where
+        # the dev cluster's pods alone (its pods cannot reach each other: k8s/overlays/dev-cluster)
+        assert not spec.get("hostNetwork") or root in ("overlays/dev-cluster", "overlays/dev-cluster-train"), where
         assert not any("hostPath" in v for v in spec.get("volumes") or []), where
         for c in spec["containers"] + spec.get("initContainers", []):
             sc = c["securityContext"]
@@ -187,3 +187,58 @@ def test_writable_dirs_become_emptydirs_the_agent_serves() -> None:
     assert "--writable" not in plain["containers"][0]["command"]
     assert main["resources"]["limits"]["ephemeral-storage"] != plain["containers"][0]["resources"]["limits"][
         "ephemeral-storage"], "the writable dir's size is part of the storage limit"
+
+
+def test_trainer_ranks_find_rank_0_through_the_headless_service() -> None:
+    from agentrl.trainer.config import TrainConfig
+
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in render(K8S / "overlays/training-ranks")}
+    job, svc = objs[("Job", "agentrl-train")], objs[("Service", "agentrl-train-ranks")]
+    assert [k for k in objs if k[0] == "Job" and k[1].startswith("agentrl-train")] == [("Job", "agentrl-train")], \
+        "the ranked trainer replaces the single one"
+    spec, pod = job["spec"], job["spec"]["template"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"]
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert pod["spec"]["subdomain"] == svc["metadata"]["name"]
+    (c,) = pod["spec"]["containers"]
+    flags = dict(a.removeprefix("--").split("=", 1) for a in c["command"] if a.startswith("--") and "=" in a)
+    env = {e["name"]: e for e in c["env"]}
+    assert flags["master_addr"] == f"{job['metadata']['name']}-0.{svc['metadata']['name']}"
+    assert int(flags["master_port"]) == svc["spec"]["ports"][0]["port"]
+    assert flags["nnodes"] == "$(NNODES)" and int(env["NNODES"]["value"]) == spec["completions"]
+    assert flags["node_rank"] == "$(NODE_RANK)"
+    assert env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert c["command"][-4:] == ["train", "--config", "/config/job.yaml", "--resume"]
+    ranks = spec["completions"] * int(flags["nproc_per_node"])
+    job_cfg = TrainConfig.model_validate(_configs(list(objs.values()))["job.yaml"])
+    per_rank = job_cfg.micro_batch_size or job_cfg.completions_per_step // ranks
+    assert job_cfg.completions_per_step % (per_rank * ranks) == 0, "the step's completions do not split over ranks"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == flags["nproc_per_node"]
+    claim = objs[("PersistentVolumeClaim", "agentrl-data")]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"], "every rank writes its RNG state into the checkpoint"
+
+
+def test_dev_cluster_ranks_meet_on_the_node_and_fit_kubernetes_1_20() -> None:
+    from agentrl.trainer.config import TrainConfig
+
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in render(K8S / "overlays/dev-cluster-train")}
+    ranks = [objs[("Job", f"agentrl-train-rank{r}")] for r in (0, 1)]
+    for r, job in enumerate(ranks):
+        assert "completionMode" not in job["spec"] and "suspend" not in job["spec"], "1.20 has neither"
+        pod = job["spec"]["template"]["spec"]
+        assert pod["hostNetwork"] is True
+        command = pod["containers"][0]["command"][-1]
+        assert f"--node_rank={r}" in command and "--nnodes=2" in command and "--master_addr=127.0.0.1" in command
+        assert "/health" in command and command.index("/health") < command.index("torchrun")
+    assert objs[("Job", "agentrl-rollout")]["spec"]["parallelism"] == 0, "the dev cluster's rollout runs no pod"
+    engine = objs[("Deployment", "agentrl-engine-standin")]["spec"]["template"]["spec"]
+    assert engine["hostNetwork"] is True
+    cfg = TrainConfig.model_validate(yaml.safe_load(objs[("ConfigMap", "agentrl-config")]["data"]["job.yaml"]))
+    serve = engine["containers"][0]["command"]
+    assert cfg.engine.urls == [f"http://127.0.0.1:{serve[serve.index('--port') + 1]}"]
+    assert serve[serve.index("--model") + 1] == cfg.model, "the stand-in serves the checkpoint the ranks train"
+    assert cfg.weight_sync == "disk" and str(cfg.output_dir).startswith("/data/")
+    assert {m["mountPath"] for m in engine["containers"][0]["volumeMounts"]} >= {"/data"}, "it loads the new weights"
+    assert cfg.completions_per_step % (2 * (cfg.micro_batch_size or 1)) == 0
