@@ -41,6 +41,7 @@ from agentrl.trainer import snapshots
 from agentrl.trainer.callbacks import StepCallback
 from agentrl.trainer.checks import check_startup
 from agentrl.trainer.config import TrainConfig
+from agentrl.trainer.dynamic_sampling import DynamicSampler
 from agentrl.trainer.grpo import AgentGRPOTrainer, enable_importance_sampling, grpo_config, load_policy, peft_config
 from agentrl.trainer.loop import BackgroundLoop
 from agentrl.trainer.metrics import MetricsWriter
@@ -207,7 +208,7 @@ class Job:
             oversample=cfg.rollout.oversample, last_step=cfg.steps - 1), start_step=state.step)
         rollout_fn = AgentRollout(pipeline=pipeline, store=store, loop=loop,
                                   weight_sync=_weight_sync(cfg, parts.engine, loop), group_size=cfg.group_size,
-                                  end_id=end_id, reuse=state.reuse)
+                                  end_id=end_id, reuse=state.reuse, dynamic=_dynamic_sampler(cfg, scheduler, parts))
         self.rollout_fn = rollout_fn
         callback = StepCallback(rollout_fn, MetricsWriter(cfg.metrics_path), total_steps=cfg.steps,
                                 echo=self.echo, eval_every=cfg.eval_every if parts.eval_tasks else 0,
@@ -275,3 +276,10 @@ class Job:
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
+
+
+def _dynamic_sampler(cfg: TrainConfig, scheduler: Scheduler, parts: Any) -> DynamicSampler | None:
+    if not cfg.dynamic_sampling.enabled:
+        return None
+    return DynamicSampler(scheduler, {t.id: t for t in parts.tasks}, batch_groups=cfg.batch_size,
+                          max_extra_groups=cfg.max_extra_groups, seed=cfg.seed)
