@@ -124,6 +124,48 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
+
+
+def plot_svg(results: dict[str, Any], path: Path) -> None:
+    """A dependency-free SVG: training pass rate per step for each run (left), held-out sampled-mode score
+    before -> after for each seed (right)."""
+    runs = [(f"seed {k}", v["train"]["steps"]) for k, v in results["seeds"].items()]
+    if "dynamic" in results:
+        runs.append((f"seed {results['dynamic']['seed']} + dynamic sampling", results["dynamic"]["on"]["train"]["steps"]))
+    n = max((len(steps) for _, steps in runs), default=1)
+    w, h, pad = 360, 220, 40
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * w + 3 * pad}" height="{h + 2 * pad + 20 * len(runs)}"'
+           ' font-family="sans-serif" font-size="11">', '<rect width="100%" height="100%" fill="white"/>']
+
+    def axes(x0: int, title: str, xlabel: str) -> None:
+        out.append(f'<text x="{x0}" y="{pad - 12}" font-size="12">{title}</text>')
+        out.append(f'<line x1="{x0}" y1="{pad + h}" x2="{x0 + w}" y2="{pad + h}" stroke="black"/>')
+        out.append(f'<line x1="{x0}" y1="{pad}" x2="{x0}" y2="{pad + h}" stroke="black"/>')
+        for v in (0.0, 0.5, 1.0):
+            y = pad + h - v * h
+            out.append(f'<text x="{x0 - 24}" y="{y + 4}">{v:.1f}</text>')
+            out.append(f'<line x1="{x0}" y1="{y}" x2="{x0 + w}" y2="{y}" stroke="#ddd"/>')
+        out.append(f'<text x="{x0 + w // 2 - 30}" y="{pad + h + 28}">{xlabel}</text>')
+
+    axes(pad, "training pass rate per step (trained batch)", "step")
+    for i, (label, steps) in enumerate(runs):
+        pts = " ".join(f"{pad + s['step'] * w / max(n - 1, 1):.1f},{pad + h - (s['pass_rate'] or 0) * h:.1f}"
+                       for s in steps)
+        out.append(f'<polyline points="{pts}" fill="none" stroke="{COLORS[i % 5]}" stroke-width="2"/>')
+        out.append(f'<text x="{pad}" y="{2 * pad + h + 20 * i}" fill="{COLORS[i % 5]}">{label}</text>')
+    x0 = 2 * pad + w
+    axes(x0, "held-out score, sampled at T=1: start -> trained", "start            trained")
+    for i, (seed, r) in enumerate(results["seeds"].items()):
+        m = r["eval"]["modes"].get("sampled")
+        if m:
+            y0, y1 = pad + h - m["before"] * h, pad + h - m["after"] * h
+            out.append(f'<line x1="{x0 + 60}" y1="{y0:.1f}" x2="{x0 + w - 60}" y2="{y1:.1f}" '
+                       f'stroke="{COLORS[i % 5]}" stroke-width="2"/>')
+    out.append("</svg>")
+    path.write_text("\n".join(out))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -131,6 +173,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_learning")
     p.add_argument("--dynamic", action="store_true", help="also run the first seed with dynamic sampling")
     p.add_argument("--json", type=Path, help="also write the summary here (default: OUT/summary.json)")
+    p.add_argument("--svg", type=Path, help="the plot (default: OUT/learning.svg)")
     a = p.parse_args()
     if a.out.exists() and any(a.out.iterdir()):
         sys.exit(f"{a.out} is not empty: remove it or pass --out")
@@ -151,6 +194,7 @@ def main() -> None:
     path = a.json or a.out / "summary.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1))
+    plot_svg(results, a.svg or a.out / "learning.svg")
     print(table(results))
     if a.dynamic:
         for label in ("off", "on"):
