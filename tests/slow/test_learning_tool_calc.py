@@ -23,11 +23,12 @@ from agentrl.trainer import rollout_func, weight_sync
 from agentrl.trainer.config import TrainConfig
 from agentrl.trainer.metrics import read_metrics
 
-STEPS, LAST, MIN_RISE = 6, 2, 0.25
+STEPS, LAST, MIN_RISE = 3, 2, 0.3
+TIMEOUT_S = 3600  # deterministic generation (one row per batch) on 2 busy cores: far more than the usual 600 s
 
 JOB: dict[str, Any] = {
     "env": "tool_calc", "env_options": {"split": "train", "tasks": 64}, "group_size": 8, "batch_size": 2,
-    "micro_batch_size": 8, "steps": STEPS, "learning_rate": 5e-5, "loss_type": "dapo", "epsilon_high": 0.28,
+    "micro_batch_size": 8, "steps": STEPS, "learning_rate": 1e-4, "loss_type": "dapo", "epsilon_high": 0.28,
     "mask_truncated_completions": False, "sampling": {"temperature": 1.0, "max_new_tokens": 32},
     "budgets": {"max_turns": 2, "max_completion_tokens": 128}, "engine": {"type": "local", "max_batch_size": 16},
     "max_trajectories": 16, "sandbox": {"warm": 4, "max_sandboxes": 16}, "checkpoint_every": STEPS,
@@ -51,12 +52,14 @@ def _run(tmp_path: Path, name: str) -> tuple[float, list[float]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
 def test_pass_rate_rises_on_tool_calc(tmp_path: Path) -> None:
     rise, passes = _run(tmp_path, "intact")
     assert rise >= MIN_RISE, f"pass rate did not rise by {MIN_RISE}: {passes}"
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
 def test_inverted_tool_mask_does_not_learn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = rollout_func.trl_row
 
@@ -70,6 +73,7 @@ def test_inverted_tool_mask_does_not_learn(tmp_path: Path, monkeypatch: pytest.M
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
 def test_skipped_weight_sync_does_not_learn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(weight_sync.LocalWeightSync, "sync", lambda self, trainer, version: None)
     rise, passes = _run(tmp_path, "no-weight-sync")
