@@ -7,6 +7,9 @@ keep coming from the start weights) does not.
 Fixed seed, `deterministic: true`: the numbers are the same on every run of this code on one software stack.
 Passing: mean pass rate of the last LAST steps minus the pass rate of step 0 >= MIN_RISE. The numbers of a run are
 printed (`-s`) and recorded in BENCHMARKS.md. Run: `pytest -m slow tests/slow/test_learning_tool_calc.py -s`.
+Status: not yet run to completion (on the shared machine, deterministic generation did not finish step 0 within 10
+minutes at load 90), so MIN_RISE is set from the non-deterministic benchmark (pass 0.12-0.19 at step 0, 0.94-1.00 at
+steps 1-2, benchmarks/bench_learning.py), and it is not in .ci/run until a run confirms all three cases.
 """
 
 from __future__ import annotations
