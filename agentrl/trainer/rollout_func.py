@@ -35,6 +35,7 @@ from typing import Any
 from agentrl.errors import ConfigError
 from agentrl.store import TrajectoryStore
 from agentrl.trainer.dist import Ranks, rank_slice
+from agentrl.trainer.dynamic_sampling import DynamicSampler
 from agentrl.trainer.loop import BackgroundLoop
 from agentrl.trainer.pipeline import RolloutPipeline
 from agentrl.trainer.weight_sync import WeightSync
@@ -106,9 +107,11 @@ class AgentRollout:
 
     def __init__(self, *, pipeline: RolloutPipeline, store: TrajectoryStore, loop: BackgroundLoop,
                  weight_sync: WeightSync, group_size: int, end_id: int,
-                 reuse: Mapping[int, list[Trajectory]] | None = None, ranks: Ranks | None = None) -> None:
+                 reuse: Mapping[int, list[Trajectory]] | None = None, ranks: Ranks | None = None,
+                 dynamic: DynamicSampler | None = None) -> None:
         self.ranks = ranks or Ranks()
         self.pipeline = pipeline
+        self.dynamic = dynamic
         self.scheduler = pipeline.scheduler
         self.store = store
         self.loop = loop
@@ -136,9 +139,12 @@ class AgentRollout:
         blocks = group_blocks(prompts, self.group_size)
         t0 = time.perf_counter()
         trajectories = self._take_reuse(step, blocks)
+        dynamic_counts: dict[str, int] = {}
         reused = trajectories is not None
         if trajectories is None:
             groups = self.loop.run(self.pipeline.batch(step, [b[0] for b in blocks]))
+            if self.dynamic is not None:
+                groups, dynamic_counts = self.loop.run(self.dynamic.fill(step, groups))
             trajectories = [t for g in groups for t in g]
         else:
             self.pipeline.mark_consumed(len(blocks))
@@ -149,7 +155,7 @@ class AgentRollout:
         idle = self.scheduler.idle_seconds()
         counters = self.pipeline.counters.pop(step, None)
         self.steps[step] = StepRollout(step, trajectories, wait_s, reused, engine_idle_s=idle - self._idle_mark,
-                                       pipeline=counters.as_dict() if counters else {})
+                                       pipeline={**(counters.as_dict() if counters else {}), **dynamic_counts})
         self._idle_mark = idle
         return to_trl_batch(trajectories, self.end_id)
 
