@@ -103,3 +103,18 @@ def test_an_owner_in_a_host_network_pod_is_never_judged_by_pid_from_the_node(mon
                               socket.gethostname())
     monkeypatch.delenv("POD_UID")
     assert Owner.from_env("s2").host == socket.gethostname(), "outside a pod the host name identifies the owner"
+
+
+@pytest.mark.parametrize("overlay", ["dev-cluster", "dev-cluster-train"])
+def test_every_agentrl_container_of_a_dev_cluster_overlay_runs_the_loaded_image(overlay: str) -> None:
+    """The dev cluster has no registry: every agentrl container must name the tag build-agentrl-image.sh loads (a
+    bare agentrl/agentrl is ErrImageNeverPull; the base overlay's images: transform does not reach an overlay's own
+    resources)."""
+    images = []
+    for obj in render(REPO / "k8s" / "overlays" / overlay):
+        spec = obj.get("spec", {})
+        pod = spec.get("template", {}).get("spec", {}) or spec.get("jobTemplate", {}).get("spec", {}).get(
+            "template", {}).get("spec", {})
+        images += [c["image"] for c in pod.get("initContainers", []) + pod.get("containers", [])]
+    agentrl_images = [i for i in images if i.startswith("agentrl/agentrl")]
+    assert agentrl_images and set(agentrl_images) == {"agentrl/agentrl:dev-cluster"}, images
