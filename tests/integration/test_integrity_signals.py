@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_support import contract_validator
-from test_rollout_attacks import _run
+from test_rollout_attacks import _reply_for, _run
 
 from agentrl.engine.standin import StandIn, StandInServer
 from agentrl.testing.scripted import ScriptedEngine
@@ -31,24 +31,10 @@ def add(a, b):
 SCRIPTS = {"honest": [HONEST], "memory_bomb": [MEMORY_BOMB, HONEST], "flaky_by_design": [FLAKY_BY_DESIGN]}
 
 
-def _reply_for(names: list[str]) -> Any:
-    assigned: dict[str, str] = {}
-
-    def reply(session: str, turn: int, _ids: list[int]) -> str:
-        name = assigned.setdefault(session, names[len(assigned) % len(names)])
-        blocks = SCRIPTS[name]
-        if turn >= len(blocks):
-            return "I am done."
-        tag = f"# script: {name}\n" if turn == 0 else ""
-        return f"```python\n{tag}{blocks[turn]}\n```"
-
-    return reply
-
-
 async def test_each_attack_raises_its_signal_and_an_honest_run_none(tmp_path: Path, smollm2_path: Path,
                                                                       smollm2_tokenizer: Any) -> None:
     names = sorted(SCRIPTS)
-    engine = ScriptedEngine(smollm2_tokenizer, _reply_for(names))
+    engine = ScriptedEngine(smollm2_tokenizer, _reply_for(names, SCRIPTS, "script"))
     server = StandInServer(StandIn(engine, model_path=smollm2_path, validator=contract_validator(),
                                    worker_id="scripted"))
     url = await server.start()

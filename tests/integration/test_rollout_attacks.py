@@ -163,17 +163,18 @@ ATTACKS: dict[str, list[str]] = {
 }
 
 
-def _reply_for(names: list[str]) -> Any:
-    """Each new session (trajectory) takes the next attack; its turns are the attack's code blocks (the first one
-    tagged with the attack's name), then 'done'."""
+def _reply_for(names: list[str], scripts: dict[str, list[str]] | None = None, label: str = "attack") -> Any:
+    """Each new session (trajectory) takes the next script (default: the attacks); its turns are the script's code
+    blocks (the first one tagged `# <label>: <name>`), then 'done'."""
     assigned: dict[str, str] = {}
+    scripts = ATTACKS if scripts is None else scripts
 
     def reply(session: str, turn: int, _ids: list[int]) -> str:
         name = assigned.setdefault(session, names[len(assigned) % len(names)])
-        blocks = ATTACKS[name]
+        blocks = scripts[name]
         if turn >= len(blocks):
             return "I am done."
-        tag = f"# attack: {name}\n" if turn == 0 else ""
+        tag = f"# {label}: {name}\n" if turn == 0 else ""
         return f"```python\n{tag}{blocks[turn]}\n```"
 
     return reply
