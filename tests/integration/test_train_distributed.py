@@ -230,6 +230,9 @@ except RankFailedError as exc:
 except ConfigError as exc:
     out["error"] = ["ConfigError", str(exc)]
 open(sys.argv[1] + f".{ranks.rank}", "w").write(json.dumps(out))
+import torch.distributed as dist
+dist.barrier()  # both ranks wrote their file; tear gloo down together (a rank exiting mid-teardown can SIGABRT)
+dist.destroy_process_group()
 """
 
 
