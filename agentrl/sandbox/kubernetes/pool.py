@@ -103,13 +103,14 @@ class PodPool:
         warm = pod is not None
         if pod is None:
             self.counters["cold_starts"] += 1
-            pod = await self._create(self._manifest(spec, body, shash, labels, claimed=True))
-            name = pod["metadata"]["name"]
-            self._live.add(name)
+            manifest = self._manifest(spec, body, shash, labels, claimed=True)
+            name = manifest["metadata"]["name"]  # chosen here: a cancel while the POST is in flight still knows it
             try:
+                pod = await self._create(manifest)
+                self._live.add(name)
                 pod = await self._wait_running(name, t0 + self.cfg.start_timeout_s)
             except BaseException:
-                await asyncio.shield(self._release_quietly(name))
+                await asyncio.shield(self._release_quietly(name))  # a 404 (never created) is fine
                 raise
         else:
             self.counters["warm_hits"] += 1
