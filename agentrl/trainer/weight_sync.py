@@ -28,6 +28,7 @@ optimizer updates, and every generated token is tagged with it by the engine.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -120,8 +121,12 @@ class LocalWeightSync:
             self.loop.run(self.engine.update_weights(weights, version))
 
 
-class DiskWeightSync:
-    """Out-of-process engine: save full weights to disk, then `engine.update_weights(path, version)`."""
+class _SavedWeightSync:
+    """Shared by the out-of-process syncs: every rank saves (`save`, collective), the main process hands the saved
+    directory to the engine (`_hand_over`), all ranks wait for it, and the main process keeps the newest `keep`
+    directories matching `PATTERN`."""
+
+    PATTERN = "*"
 
     def __init__(self, engine: Any, loop: BackgroundLoop, directory: Path, *, keep: int = 1) -> None:
         self.engine = engine
@@ -132,70 +137,76 @@ class DiskWeightSync:
     def sync(self, trainer: Any, version: int) -> None:
         path = self.save(trainer, version)
         if trainer.accelerator.is_main_process:
-            self.loop.run(self.engine.update_weights(str(path), version))
+            self.loop.run(self._hand_over(str(path), version))
         trainer.accelerator.wait_for_everyone()
         if trainer.accelerator.is_main_process:
-            self._prune()
+            prune(self.directory, self.PATTERN, self.keep)
+
+    def save(self, trainer: Any, version: int) -> Path:
+        raise NotImplementedError
+
+    async def _hand_over(self, path: str, version: int) -> None:
+        raise NotImplementedError
+
+    def _write(self, trainer: Any, final: Path, write: Callable[[Path], None]) -> Path:
+        """`write(tmp)` on the main process into a temp dir renamed to `final` (a reader never sees half a save);
+        every rank waits for it."""
+        if trainer.accelerator.is_main_process:
+            tmp = final.with_name(f".tmp-{final.name}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            write(tmp)
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+        trainer.accelerator.wait_for_everyone()
+        return final
+
+
+class DiskWeightSync(_SavedWeightSync):
+    """Out-of-process engine: save full weights to disk, then `engine.update_weights(path, version)`."""
+
+    PATTERN = "step-*"
 
     def save(self, trainer: Any, version: int) -> Path:
         """Write the full (LoRA-merged) weights + tokenizer to `<dir>/step-<version>`; returns the path."""
-        final = self.directory / f"step-{version:07d}"
         model = unwrap(trainer)
-        state = gathered_state_dict(trainer) if sharded(trainer) else None
-        if trainer.accelerator.is_main_process:
-            tmp = self.directory / f".tmp-step-{version:07d}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+        state = gathered_state_dict(trainer) if sharded(trainer) else None  # collective: every rank joins
+
+        def write(tmp: Path) -> None:
             if is_peft(model):
                 model.get_base_model().save_pretrained(tmp, state_dict=merged_state_dict(model))
             else:
                 model.save_pretrained(tmp, state_dict=state)
             if trainer.processing_class is not None:
                 trainer.processing_class.save_pretrained(tmp)
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
-        trainer.accelerator.wait_for_everyone()
-        return final
 
-    def _prune(self) -> None:
-        prune(self.directory, "step-*", self.keep)
+        return self._write(trainer, self.directory / f"step-{version:07d}", write)
+
+    async def _hand_over(self, path: str, version: int) -> None:
+        await self.engine.update_weights(path, version)
 
 
-class AdapterWeightSync:
+class AdapterWeightSync(_SavedWeightSync):
     """LoRA runs: save only the adapter, then `engine.load_adapter(path, version)` (see the module docstring)."""
+
+    PATTERN = "adapter-*"
 
     def __init__(self, engine: Any, loop: BackgroundLoop, directory: Path, *, keep: int = 1) -> None:
         if not callable(getattr(engine, "load_adapter", None)):
             raise ConfigError(f"weight_sync: adapter needs an engine that loads LoRA adapters (local, sglang, vllm); "
                               f"{type(engine).__name__} does not: use weight_sync: disk")
-        self.engine = engine
-        self.loop = loop
-        self.directory = Path(directory)
-        self.keep = max(1, keep)
-
-    def sync(self, trainer: Any, version: int) -> None:
-        path = self.save(trainer, version)
-        if trainer.accelerator.is_main_process:
-            self.loop.run(self.engine.load_adapter(str(path), version))
-        trainer.accelerator.wait_for_everyone()
-        if trainer.accelerator.is_main_process:
-            prune(self.directory, "adapter-*", self.keep)
+        super().__init__(engine, loop, directory, keep=keep)
 
     def save(self, trainer: Any, version: int) -> Path:
         """Write the trainer's LoRA adapter to `<dir>/adapter-<version>`; returns the path."""
-        final = self.directory / f"adapter-{version:07d}"
         model = unwrap(trainer)
         if not is_peft(model):
             raise ConfigError("weight_sync: adapter needs a LoRA model (configure `lora:`), got full weights")
-        if trainer.accelerator.is_main_process:
-            tmp = self.directory / f".tmp-adapter-{version:07d}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            model.save_pretrained(tmp, safe_serialization=True)
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
-        trainer.accelerator.wait_for_everyone()
-        return final
+        return self._write(trainer, self.directory / f"adapter-{version:07d}",
+                           lambda tmp: model.save_pretrained(tmp, safe_serialization=True))
+
+    async def _hand_over(self, path: str, version: int) -> None:
+        await self.engine.load_adapter(path, version)
 
 
 def prune(directory: Path, pattern: str, keep: int) -> None:
