@@ -31,7 +31,9 @@ fi
 if docker info >/dev/null 2>&1; then
   echo "docker-setup: Docker Engine already running"
 else
-  if ! pgrep -x dockerd >/dev/null; then
+  # Only the default engine counts: another dockerd (k8s/dev-cluster runs its own, on its own socket) is not it.
+  pidfile=/var/run/docker.pid
+  if ! { [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }; then
     echo "docker-setup: starting dockerd (log: $log)"
     # setsid -f: the daemon is detached into its own session and outlives this script (no shell waits on it).
     as_root setsid -f dockerd >"$log" 2>&1 < /dev/null

@@ -95,7 +95,12 @@ cp "$repo/k8s/Dockerfile.offline" "$ctx/Dockerfile"
 
 # (5) docker build: no network inside the build
 say "docker build -t $image (network none)"
+previous="$(docker image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)"
 docker build --network none --build-arg "BASE_IMAGE=$base" -t "$image" "$ctx" >&2
+# a rebuild leaves the image it replaced untagged (~1.6 GB each): remove it unless something still uses it
+if [ -n "$previous" ] && [ "$previous" != "$(docker image inspect -f '{{.Id}}' "$image")" ]; then
+  docker image rm "$previous" >/dev/null 2>&1 || true
+fi
 rm -rf "$ctx"
 say "built $image ($(docker image inspect -f '{{.Size}}' "$image" | awk '{printf "%.0f MB", $1/1e6}'))"
 load_into_cluster

@@ -18,3 +18,5 @@ for image in "$@"; do
   docker save "$image" | docker -H "unix://$SOCK" load -q >/dev/null
   echo "load-image: loaded $image in $(( $(date +%s) - s ))s" >&2
 done
+# the images a reload replaced are dangling now: free their disk (the kubelet evicts pods when the disk runs low)
+docker -H "unix://$SOCK" image prune -f >/dev/null 2>&1 || true

@@ -113,10 +113,33 @@ async def real_cluster() -> AsyncIterator[Cluster]:
     cluster = Cluster("real", kube, None)
     try:
         await _check_namespace(kube)
+        await _check_nodes(kube)
         yield cluster
     finally:
         await cluster.cleanup()
         await kube.close()
+
+
+async def _check_nodes(kube: KubeApi) -> None:
+    """A node under pressure (disk, memory, pids) is tainted, so pods stay Pending or are evicted ("the pod is being
+    deleted") and every test times out far from the cause. Name the cause instead."""
+    nodes = (await kube.request("GET", "/api/v1/nodes"))["items"]
+    ok = []
+    problems = []
+    for node in nodes:
+        name = node["metadata"]["name"]
+        conds = {c["type"]: c for c in node.get("status", {}).get("conditions") or []}
+        bad = [f"{t}: {c.get('message', '')}" for t, c in conds.items()
+               if (t == "Ready") != (c.get("status") == "True")]
+        taints = [t["key"] for t in node.get("spec", {}).get("taints") or [] if t.get("effect") != "PreferNoSchedule"]
+        if bad or taints:
+            problems.append(f"node {name}: {'; '.join(bad + [f'taint {t}' for t in taints])}")
+        else:
+            ok.append(name)
+    if not ok:
+        pytest.fail("no node can run sandbox pods: " + (" | ".join(problems) or "the cluster has no nodes")
+                    + " (DiskPressure: free disk space on the machine (the dev cluster's kubelet evicts below 1 GiB); "
+                    "then k8s/dev-cluster/down.sh && k8s/dev-cluster/up.sh)", pytrace=False)
 
 
 async def _check_namespace(kube: KubeApi) -> None:
