@@ -9,6 +9,9 @@
 
     python benchmarks/bench_docker.py --compare-agent OLD_AGENT.py [--execs 300] [--docker-execs 60] [--rounds 2]
         # only (1), through OLD_AGENT.py and this tree's agent in turn (same load), `rounds` times each
+    python benchmarks/bench_docker.py --separation 600 [--cpus 1]
+        # only exec ['true'] in a resource-separated container (commands in the sandbox's `commands` cgroup) and in
+        # one sharing the container's budget with its agent, alternated (same load): p50/p99 and their ratio
     python benchmarks/bench_docker.py [--execs 300] [--docker-execs 60] [--leases 40] [--cold 15]
                                       [--concurrency 32] [--seconds 10] [--json FILE]
 
@@ -196,6 +199,35 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+async def bench_separation(n: int, cpus: float) -> None:
+    """exec ['true'] alternately in a resource-separated container and in one sharing its budget with the agent."""
+    spec = SandboxSpec(image="agentrl/python:latest", cpus=cpus)
+    out: dict[str, list[float]] = {"separated": [], "shared": []}
+    sep, shared = DockerBackend(), DockerBackend(separate_resources=False)
+    try:
+        async with SandboxPool(sep, spec, max_sandboxes=1, run_id=RUN_ID) as sp, \
+                SandboxPool(shared, spec, max_sandboxes=1, run_id=RUN_ID) as hp:
+            async with sp.lease() as a, hp.lease() as b:
+                if not a.resources_separated or b.resources_separated:
+                    raise SystemExit(f"--separation needs host root and cgroup v1 (separated={a.resources_separated})")
+                pair = (("separated", a), ("shared", b))
+                for _ in range(20):
+                    for _, sb in pair:
+                        await sb.exec(["true"])
+                for i in range(n):
+                    for key, sb in pair if i % 2 else pair[::-1]:
+                        t0 = time.perf_counter()
+                        await sb.exec(["true"])
+                        out[key].append(time.perf_counter() - t0)
+    finally:
+        await sep.close()
+        await shared.close()
+    sh, se = summary(out["shared"]), summary(out["separated"])
+    print(f"| cpus | shared p50 / p99 | separated p50 / p99 | ratio of p50 |\n| --- | ---: | ---: | ---: |\n"
+          f"| {cpus:g} | {ms(sh['p50'])} / {ms(sh['p99'])} | {ms(se['p50'])} / {ms(se['p99'])} | "
+          f"{se['p50'] / sh['p50']:.2f}x |")
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--execs", type=int, default=300, help="agent exec round-trips")
@@ -207,7 +239,12 @@ if __name__ == "__main__":
     p.add_argument("--json", type=Path, help="also write the raw numbers here")
     p.add_argument("--compare-agent", help="an older agent.py: exec round trips through it vs this tree's agent")
     p.add_argument("--rounds", type=int, default=2, help="--compare-agent: alternations of the two agents")
+    p.add_argument("--separation", type=int, default=0, help="only the separated-vs-shared exec comparison, N each")
+    p.add_argument("--cpus", type=float, default=1.0, help="--separation: the sandboxes' CPU quota")
     a = p.parse_args()
+    if a.separation:
+        asyncio.run(bench_separation(a.separation, a.cpus))
+        sys.exit(0)
     if a.compare_agent:
         asyncio.run(compare_agents(a))
         sys.exit(0)

@@ -13,13 +13,25 @@ One sandbox = one container:
     mounts     agent.py read-only at /agentrl/agent.py; the host socket dir at /agentrl-sock;
                tmpfs /workspace, /tmp and each of spec.writable_dirs (size = spec.disk, owned by the sandbox user;
                the agent gets --writable for the latter)
-    limits     nano_cpus = spec.cpus, mem_limit == memswap_limit = spec.memory (no swap), pids_limit = spec.pids
+    limits     nano_cpus = spec.cpus, mem_limit == memswap_limit = spec.memory (no swap), pids_limit = spec.pids;
+               resource-separated (below): on the `commands` cgroup instead, the container itself is the agent's
     hardening  read-only root fs, cap_drop ALL, no-new-privileges, Docker's default seccomp, network "none" unless
                spec.network (then `network`, default "bridge"); uid separation when the host side is root: the
                agent is container uid 0 with only CAP_SETUID, CAP_SETGID, CAP_KILL added back and runs every command
                as 1000:1000 (`--run-as`), which cannot signal, ptrace or read it nor reach its socket directory
     labels     agentrl.owner=agentrl, agentrl.run_id, agentrl.owner_host, agentrl.owner_pid, agentrl.owner_start,
                agentrl.created_at, agentrl.ttl_s, agentrl.sock_dir
+
+Resource separation (`resources_separated`, when the host side is root, the engine is local, its cgroup driver is
+cgroupfs and the host has cgroup v1): like the local backend, each sandbox gets a host cgroup per hierarchy with an
+`agent` and a `commands` child (`limits.Limiter.prepare(..., separate=True)`), the spec's memory / pids / CPU limits
+on `commands`. The container is created under `agent` (`cgroup_parent`), so docker-init, the agent and its spawner
+live there with only the agent's pids limit; the sandbox's cgroup directories are bind-mounted at /agentrl-cgroup/N
+(root-owned files: commands, uid 1000, cannot write them) and the agent starts every command in `commands`
+(`--cgroups v1:...`) and kills through it. A command filling memory, pids or CPU then hits only its own limits: the
+kernel's OOM killer picks inside `commands`, never the agent. Elsewhere (non-root, remote engine, systemd driver,
+cgroup v2 hosts: not verified here) the container's limits cover the agent and its commands together and the agent
+says so (`resources_separated: false`); every death is then the policy's.
 
 Leak-proofing: the agent gets SIGALRM at ttl_s, so the container stops even if nobody ever sweeps; `sweep()`
 removes containers whose TTL passed, whose owner process on this host is gone (pid + start time, so a reused pid is
@@ -57,6 +69,7 @@ from agentrl.errors import (
     SandboxError,
     SandboxStartError,
 )
+from agentrl.sandbox import limits
 from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
 from agentrl.sandbox.client import probe_health
 
@@ -75,6 +88,8 @@ OWNER = "agentrl"
 L_OWNER, L_RUN, L_HOST, L_PID, L_START = ("agentrl.owner", "agentrl.run_id", "agentrl.owner_host",
                                           "agentrl.owner_pid", "agentrl.owner_start")
 L_CREATED, L_TTL, L_SOCK = "agentrl.created_at", "agentrl.ttl_s", "agentrl.sock_dir"
+L_CGROUPS = "agentrl.cgroups"  # the sandbox's host cgroup directories (resource-separated), ":"-joined
+CGROUP_MOUNT = "/agentrl-cgroup"  # where they appear in the container: /agentrl-cgroup/0, /1, ...
 AGENT_PATH = "/agentrl/agent.py"
 SOCK_DIR = "/agentrl-sock"
 WORKSPACE = "/workspace"
@@ -147,6 +162,14 @@ def container_death_cause(state: dict[str, Any] | None) -> str | None:
     return f"signal:{code - 128}" if code > 128 else f"exited:{code}"
 
 
+def _hierarchy_path(cgroup_dir: str) -> str | None:
+    """`/sys/fs/cgroup/<controller>/a/b` -> `/a/b` (what docker's cgroupfs driver takes as a cgroup parent)."""
+    parts = Path(cgroup_dir).parts
+    if len(parts) < 5 or parts[:4] != ("/", "sys", "fs", "cgroup"):
+        return None
+    return "/" + "/".join(parts[5:])
+
+
 def _why(e: Exception) -> str:
     if isinstance(e, docker.errors.APIError):
         return str(e.explanation or e)
@@ -171,7 +194,8 @@ class DockerBackend:
 
     def __init__(self, *, docker_host: str | None = None, state_dir: str | os.PathLike[str] | None = None,
                  network: str = "bridge", max_workers: int = 16, api_timeout_s: float = 60.0,
-                 start_timeout_s: float = 60.0, agent_file: Path | None = None) -> None:
+                 start_timeout_s: float = 60.0, agent_file: Path | None = None,
+                 separate_resources: bool = True) -> None:
         if docker is None:
             raise MissingDependencyError(
                 "the docker sandbox backend needs the Docker SDK: pip install 'agentrl[docker]'")
@@ -185,6 +209,10 @@ class DockerBackend:
         self._start_timeout_s = start_timeout_s
         self._agent_file = Path(agent_file) if agent_file is not None else Path(__file__).with_name("agent.py")
         self._threads = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="agentrl-docker")
+        self.separate_resources = separate_resources  # False: one budget for agent and commands (benchmarks compare)
+        self._limiter: limits.Limiter | None = None
+        self._separation_checked = False
+        self._plans: dict[str, limits.LimitPlan] = {}  # resource-separated sandboxes: their host cgroups
         self._api: Any = None
         self._api_lock = asyncio.Lock()
         self._live: dict[str, SandboxHandle] = {}  # created by this object and not destroyed yet
@@ -250,6 +278,11 @@ class DockerBackend:
         self._live[name] = handle
         try:
             await self._call(self._make_sock_dir, sock_dir)
+            limiter = await self._separation(await self.api())
+            if limiter is not None:
+                plan = await self._call(limiter.prepare, name, spec, separate=True)
+                self._plans[name] = plan
+                handle.labels[L_CGROUPS] = ":".join(plan.cgroups)
             await self._create_and_start(handle, spec, sock_dir)
             await self._wait_ready(handle, time.monotonic() + self._start_timeout_s)
         except BaseException:
@@ -290,16 +323,70 @@ class DockerBackend:
             raise SandboxStartError(f"docker start {handle.id} ({spec.image}) failed: {_why(e)}") from e
         handle.timings.update(create_s=t1 - t0, start_s=time.monotonic() - t1)
 
+    # ------------------------------------------------------------------ resource separation
+
+    @property
+    def resources_separated(self) -> bool | None:
+        """Whether sandboxes get the separated cgroup layout (module docstring); None until the first create."""
+        return (self._limiter is not None) if self._separation_checked else None
+
+    async def _separation(self, api: Any) -> limits.Limiter | None:
+        """The limiter that creates the separated cgroups, or None (then why is logged once)."""
+        if not self._separation_checked:
+            self._limiter, why = await self._call(self._probe_separation, api)
+            self._separation_checked = True
+            if why:
+                log.warning("DockerBackend: the agent and the commands of a container share its limits (%s)", why)
+        return self._limiter
+
+    def _probe_separation(self, api: Any) -> tuple[limits.Limiter | None, str]:
+        if not self.separate_resources:
+            return None, "separate_resources=False"
+        if not self._root_host:
+            return None, "not running as root: no host cgroups can be created"
+        base_url = self._docker_host or os.environ.get("DOCKER_HOST") or "unix://"
+        if not base_url.startswith(("unix://", "/")):
+            return None, f"the Docker Engine at {base_url} is not local"
+        try:
+            info = api.info()
+        except Exception as e:  # noqa: BLE001 - no separation then, the container still starts
+            return None, f"docker info failed: {e}"
+        driver, version = info.get("CgroupDriver"), str(info.get("CgroupVersion") or "1")
+        if driver != "cgroupfs" or version != "1":
+            return None, f"the engine uses the {driver} cgroup driver on cgroup v{version}; only cgroupfs on v1 is " \
+                         "supported so far"
+        try:
+            limiter = limits.v1_at_root("agentrl-docker")
+        except (OSError, ValueError) as e:
+            return None, f"no writable cgroup v1 hierarchy for sandbox cgroups ({e})"
+        rel = {_hierarchy_path(p) for p in limiter.parents}
+        if len(rel) != 1 or None in rel:
+            return None, f"the sandbox cgroups are not at one path in every hierarchy ({', '.join(limiter.parents)})"
+        return limiter, ""
+
+    def _separated_config(self, plan: limits.LimitPlan) -> tuple[dict, dict, list[str]]:
+        """Host-config fields, extra binds and agent arguments of a resource-separated container."""
+        parent = _hierarchy_path(plan.launch_cgroups[0])
+        binds = {cg: {"bind": f"{CGROUP_MOUNT}/{i}", "mode": "rw"} for i, cg in enumerate(plan.cgroups)}
+        args = ["--cgroups", "v1:" + ":".join(f"{CGROUP_MOUNT}/{i}" for i in range(len(plan.cgroups)))]
+        return {"cgroup_parent": parent, "pids_limit": limits.AGENT_PIDS}, binds, args
+
     def _container_config(self, api: Any, handle: SandboxHandle, spec: SandboxSpec, sock_dir: Path) -> dict:
         uid, gid = self._command_user.split(":")
         tmpfs_opts = f"size={spec.disk_bytes},uid={uid},gid={gid},mode=0755,exec"
+        plan = self._plans.get(handle.id)
+        if plan is not None:
+            resources, cgroup_binds, cgroup_args = self._separated_config(plan)
+        else:
+            resources = {"nano_cpus": int(spec.cpus * 1e9), "mem_limit": spec.memory_bytes,
+                         "memswap_limit": spec.memory_bytes, "pids_limit": spec.pids}
+            cgroup_binds, cgroup_args = {}, []
         host_config = api.create_host_config(
             binds={str(self._agent_file): {"bind": AGENT_PATH, "mode": "ro"},
-                   str(sock_dir): {"bind": SOCK_DIR, "mode": "rw"}},
+                   str(sock_dir): {"bind": SOCK_DIR, "mode": "rw"}, **cgroup_binds},
             tmpfs={WORKSPACE: tmpfs_opts, "/tmp": f"size={spec.disk_bytes},mode=1777,exec",
                    **{d: tmpfs_opts for d in spec.writable_dirs}},  # e.g. /repo: owned by the command user
-            nano_cpus=int(spec.cpus * 1e9), mem_limit=spec.memory_bytes, memswap_limit=spec.memory_bytes,
-            pids_limit=spec.pids, network_mode=self._network if spec.network else "none",
+            **resources, network_mode=self._network if spec.network else "none",
             read_only=True, cap_drop=["ALL"], cap_add=AGENT_CAPS if self._root_host else None,
             security_opt=["no-new-privileges"], init=True,
             ulimits=[Ulimit(name="core", soft=0, hard=0), Ulimit(name="nofile", soft=4096, hard=4096)],
@@ -310,6 +397,7 @@ class DockerBackend:
             agent += ["--run-as", self._command_user]
         if spec.writable_dirs:
             agent += ["--writable", ":".join(spec.writable_dirs)]
+        agent += cgroup_args
         command = ["python3", "-c", _TTL_EXEC, str(spec.ttl_s), *agent]
         return {"image": spec.image, "name": handle.id, "command": command,
                 "user": "0:0" if self._root_host else self._command_user, "working_dir": WORKSPACE,
@@ -388,7 +476,11 @@ class DockerBackend:
 
     async def oom_kills(self, handle: SandboxHandle) -> int:
         """How many times the kernel's OOM killer fired in this container's cgroup since it was created (Docker
-        'oom' events). A command that died with SIGKILL (exit code -9 / 137) was killed for memory when this grew."""
+        'oom' events; resource-separated: the kernel's count in the `commands` cgroup, where the limit is). A command
+        that died with SIGKILL (exit code -9 / 137) was killed for memory when this grew."""
+        plan = self._plans.get(handle.id)
+        if plan is not None:
+            return await self._call(limits.oom_kills, plan.command_cgroups)
         api = await self.api()
         since = int(float(handle.labels.get(L_CREATED, "0"))) - 1
         until = f"{time.time():.9f}"  # seconds.nanoseconds: a whole-second 'until' in the future would block
@@ -407,6 +499,9 @@ class DockerBackend:
         self._live.pop(handle.id, None)
         self._unremoved.discard(handle.id)
         await self._call(self._remove_sock_dir, handle.labels.get(L_SOCK))
+        plan = self._plans.pop(handle.id, None)
+        if plan is not None:
+            await self._call(limits.remove_cgroups, plan.cgroups)
 
     async def _retry_removals(self) -> None:
         for name in list(self._unremoved):
@@ -453,6 +548,7 @@ class DockerBackend:
         """Remove agentrl containers and return how many: with neither argument, orphans (TTL passed, or owner
         process on this host gone); with `run_id`, every container of that run; with `all_runs`, every one."""
         api = await self.api()
+        await self._separation(api)  # where this host keeps sandbox cgroups (to remove those of the removed)
         found = await self._call(api.containers, all=True, filters={"label": f"{L_OWNER}={OWNER}"})
         now = time.time()
         doomed = [c for c in found if should_remove(c.get("Labels") or {}, now=now, host=self._host,
@@ -465,13 +561,30 @@ class DockerBackend:
                 continue
             removed += 1
             await self._call(self._remove_sock_dir, (c.get("Labels") or {}).get(L_SOCK))
+            await self._call(self._remove_cgroups, (c.get("Labels") or {}).get(L_CGROUPS))
         live = {n.lstrip("/") for c in found if c not in doomed for n in c.get("Names") or []}
         await self._call(self._sweep_stale_dirs, live, now)
         return removed
 
+    def _remove_cgroups(self, joined: str | None) -> None:
+        """Remove a sandbox's host cgroups named by its label, but only directories of ours (a label is data)."""
+        if not joined or self._limiter is None:
+            return
+        ours = [d for d in joined.split(":") if Path(d).parent.as_posix() in self._limiter.parents
+                and Path(d).name.startswith("agentrl-")]
+        limits.remove_cgroups(ours)
+
     def _sweep_stale_dirs(self, live: set[str], now: float) -> None:
         """Socket dirs whose container is gone (removed outside agentrl) and that are old enough not to belong
         to a create in progress."""
+        for parent in self._limiter.parents if self._limiter is not None else ():
+            for d in Path(parent).glob("agentrl-*"):
+                try:
+                    stale = d.name not in live and now - d.lstat().st_mtime > STALE_DIR_S
+                except OSError:
+                    continue
+                if stale:
+                    limits.remove_cgroups([str(d)])
         if not self._socket_root.is_dir():
             return
         for d in self._socket_root.iterdir():

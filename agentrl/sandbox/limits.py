@@ -233,6 +233,24 @@ def _probe_v1(root: str) -> tuple[str, ...]:
     return tuple(parents)
 
 
+def v1_at_root(name: str, cgroup_root: str = "/sys/fs/cgroup") -> Limiter:
+    """A cgroup v1 limiter whose parents are `<hierarchy>/<name>` at the root of the memory, pids and (optional) cpu
+    hierarchies, the same path in each: what a container engine's cgroupfs driver takes as a cgroup parent (the
+    docker backend's resource separation). Raises ValueError when a hierarchy is missing or not writable."""
+    parents = []
+    for ctrl, probe_file in (("pids", "pids.max"), ("memory", "memory.limit_in_bytes"), ("cpu", "cpu.cfs_quota_us")):
+        hier = Path(cgroup_root, ctrl)
+        if not (hier / "cgroup.procs").exists() or (hier / "cgroup.controllers").exists():
+            if ctrl == "cpu":
+                continue
+            raise ValueError(f"no cgroup v1 {ctrl} hierarchy at {hier}")
+        parent = hier / name
+        parent.mkdir(exist_ok=True)
+        _probe_child(str(parent), probe_file)
+        parents.append(str(parent))
+    return Limiter("cgroup1", tuple(parents))
+
+
 def _probe_child(parent: str, probe_file: str) -> None:
     child = Path(parent, f"probe-{os.getpid()}")
     child.mkdir(exist_ok=True)

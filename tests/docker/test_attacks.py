@@ -35,10 +35,65 @@ async def test_container_removed_from_outside_is_deleted(make_sandbox, backend) 
         assert await backend.death_cause(sb.handle) == "deleted"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="docker sandboxes are uid-separated only when the host side is root")
-async def test_sysv_shared_memory_is_removed_by_kill_all(make_sandbox) -> None:
-    """The container's IPC namespace is its own and kill_all() removes the command user's SysV objects. The
-    container's limits still cover the agent, and the sandbox says so (`resources_separated` false)."""
-    async with make_sandbox(memory="256m") as sb:
-        assert sb.resources_separated is False
+ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="docker sandboxes are separated only when the host side is root")
+
+
+@ROOT
+@pytest.mark.parametrize("attack", sandbox_attacks.RESOURCE_ATTACKS, ids=lambda f: f.__name__)
+async def test_commands_cannot_exhaust_the_agents_resources(make_sandbox, attack) -> None:
+    """As on the local tier: the container is the agent's cgroup, every command runs in the sandbox's `commands`
+    cgroup with the spec's limits, so SysV memory no process holds, a memory fill after lowering oom_score_adj and
+    a daemon holding every pid hit the commands only; kill_all() ends them through the cgroup."""
+    async with make_sandbox(memory="256m", pids=128) as sb:
+        assert sb.resources_separated, sb.agent_info
+        await attack(sb)
+
+
+@ROOT
+async def test_busy_loops_do_not_throttle_the_agent(make_sandbox) -> None:
+    async with make_sandbox(memory="256m", pids=128, cpus=0.05) as sb:
+        assert sb.resources_separated
+        await sandbox_attacks.attack_busy_loops_in_the_cpu_quota(sb)
+
+
+@ROOT
+async def test_commands_run_in_the_sandboxs_commands_cgroup_with_its_limits(make_sandbox, backend) -> None:
+    """The layout behind the attacks above, read on the host: the container (docker-init, the agent) under the
+    sandbox's `agent` cgroup, a command's process in `commands`, which holds the spec's limits; the host cgroups
+    are gone after destroy()."""
+    async with make_sandbox(memory="192m", pids=96) as sb:
+        dirs = sb.handle.labels["agentrl.cgroups"].split(":")
+        r = await sb.exec("sleep 30 > /dev/null 2>&1 & echo $!")
+        assert r.exit_code == 0, r
+        info = await backend._call((await backend.api()).inspect_container, sb.id)
+        init_pid = info["State"]["Pid"]
+        for cg in dirs:
+            own = os.path.basename(cg)
+            assert f"/{own}/agent/" in open(f"/proc/{init_pid}/cgroup").read()
+            commands = open(f"{cg}/commands/cgroup.procs").read().split()
+            assert commands and str(init_pid) not in commands, commands  # the command and the agent's spawner
+        pids_dir = next(cg for cg in dirs if "/pids/" in cg)
+        mem_dir = next(cg for cg in dirs if "/memory/" in cg)
+        assert open(f"{pids_dir}/commands/pids.max").read().strip() == "96"
+        assert int(open(f"{mem_dir}/commands/memory.limit_in_bytes").read()) == 192 << 20
+        assert await sb.kill_all() == 1
+    assert not any(os.path.exists(cg) for cg in dirs)
+
+
+@ROOT
+async def test_separation_off_keeps_one_budget(make_sandbox) -> None:
+    """separate_resources=False: the container's limits cover the agent and its commands, and the agent says so."""
+    from agentrl.sandbox import Sandbox, SandboxSpec
+    from agentrl.sandbox.docker import DockerBackend
+    from dockertier import IMAGE
+
+    b = DockerBackend(separate_resources=False)
+    try:
+        spec = SandboxSpec(image=IMAGE, memory="256m")
+        h = await b.create(spec, {})
+        sb = Sandbox(h, spec)
+        assert await sb.health() and sb.resources_separated is False and "agentrl.cgroups" not in h.labels
         await sandbox_attacks.attack_sysv_shm_outlives_every_process(sb)
+        await sb.close()
+    finally:
+        await b.close()
