@@ -59,7 +59,9 @@ from enum import Enum
 from agentrl.errors import EngineError, PolicyError, SandboxDiedError, SandboxError, SandboxStartError
 from agentrl.types import Status
 
-EXTERNAL_CAUSES = ("deleted", "evicted", "killed", "node_lost", "preempted")  # provably from outside the sandbox
+# provably from outside the sandbox; "engine_lost": the container engine itself stopped answering as the sandbox died
+# (dockerd stopped or restarted: nothing inside a container reaches the engine's socket)
+EXTERNAL_CAUSES = ("deleted", "evicted", "killed", "node_lost", "preempted", "engine_lost")
 TTL_CAUSES = ("deadline",)  # the backend's TTL ended the sandbox (Kubernetes activeDeadlineSeconds)
 TTL_ALARM = "signal:14"  # docker's TTL: SIGALRM to the agent (only the host can send it to a uid-separated agent)
 

@@ -460,13 +460,19 @@ class DockerBackend:
     async def death_cause(self, handle: SandboxHandle) -> str | None:
         """From docker inspect: "deleted" (no such container, or being removed), "oom" (the kernel OOM-killed the
         container's agent: OOMKilled with a SIGKILL exit), "killed:9" (a SIGKILL from outside: `docker kill`, the
-        host), "signal:<n>" (exit code 128+n, as docker-init reports a signalled agent), "exited:<code>"; None while
-        it still runs after DEATH_SETTLE_S, or when dockerd does not answer."""
+        host), "signal:<n>" (exit code 128+n, as docker-init reports a signalled agent), "exited:<code>",
+        "engine_lost" (dockerd refuses or drops the connection: it stopped or is restarting); None while it still
+        runs after DEATH_SETTLE_S, or when dockerd answers with an error."""
         deadline = time.monotonic() + DEATH_SETTLE_S
         while True:  # dockerd records the exit a moment after the agent's socket broke: wait for it to settle
             try:
                 state = await self._state(handle)
-            except (docker.errors.DockerException, requests.RequestException, OSError, SandboxStartError) as e:
+            except (requests.ConnectionError, SandboxStartError) as e:
+                # the engine's socket refuses or drops connections: dockerd stopped (a restart kills its containers
+                # unless live-restore is on). No command reaches the socket, so this is the sandbox's outside cause.
+                log.warning("docker inspect %s: the Docker Engine does not answer (%s)", handle.id, e)
+                return "engine_lost"
+            except (docker.errors.DockerException, requests.RequestException, OSError) as e:
                 log.warning("docker inspect %s failed: %s", handle.id, e)
                 return None
             cause = container_death_cause(state)

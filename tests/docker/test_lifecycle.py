@@ -102,6 +102,46 @@ async def test_pool_recovers_after_dockerd_restarts() -> None:
         assert pool.stats()["replaced"] >= 1
 
 
+async def test_dockerd_restart_during_the_policys_command_is_infra_not_the_policys(smollm2_tokenizer) -> None:
+    """Through the real runner (code_tests, a scripted model): dockerd restarts while the policy's command runs, which
+    kills the container mid-request. The engine's socket refusing connections is the proof of an outside cause
+    (nothing in a container reaches it), so the episode is infra_error `sandbox_lost:engine_lost`, unscored, never a
+    0 charged to the policy; the next episode runs once the engine is back."""
+    problem = restart_problem()
+    if problem:
+        pytest.skip(problem)
+    from agentrl.envs import get_env
+    from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
+    from agentrl.testing.scripted import ScriptedEngine
+    from agentrl.tools.render import ChatRenderer
+    from agentrl.types import SamplingParams, Status
+
+    env = get_env("code_tests", source="easy")
+    task = next(iter(env.tasks()))
+    loop = asyncio.get_running_loop()
+    restarts: list[asyncio.Future] = []
+
+    def reply(session: str, turn: int, _ids: list[int]) -> str:
+        if not restarts:  # the first episode's first turn: the engine goes away 1.5 s into its command
+            restarts.append(loop.run_in_executor(None, lambda: (time.sleep(1.5), restart_dockerd())))
+            return "```python\nimport time\ntime.sleep(30)\n```"
+        return f"```python\ndef {task.data['entry_point']}(*args):\n    return object()\n```"
+
+    tok = smollm2_tokenizer
+    rollout = Rollout(env=env, engine=ScriptedEngine(tok, reply), renderer=ChatRenderer(tok),
+                      sampling=SamplingParams(max_new_tokens=256, stop_token_ids=[tok.eos_token_id]),
+                      budgets=Budgets(max_turns=1, max_completion_tokens=1024, context_window=8192,
+                                      tool_timeout_s=60))
+    async with _pool(warm=0, spec=SandboxSpec(image=IMAGE, default_timeout_s=60)) as pool:
+        scheduler = Scheduler(rollout, pool, SchedulerConfig(group_size=1, infra_retries=0))
+        lost = await scheduler.run_one(task, group_id="g", sample_index=0)
+        await restarts[0]
+        assert lost.status is Status.infra_error, (lost.status, lost.error_kind, lost.error)
+        assert lost.error_kind == "sandbox_lost:engine_lost" and lost.reward is None, (lost.error_kind, lost.reward)
+        after = await scheduler.run_one(task, group_id="g2", sample_index=0)
+    assert after.status is not Status.infra_error and after.reward == 0.0, (after.status, after.error_kind)
+
+
 async def test_ttl_stops_the_container_and_sweep_removes_it(backend) -> None:
     spec = SandboxSpec(image=IMAGE, ttl_s=10)
     handle = await backend.create(spec, {"agentrl.run_id": RUN_ID})
