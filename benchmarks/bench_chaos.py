@@ -69,9 +69,9 @@ from agentrl.envs import get_env
 from agentrl.runner.seeds import IdPlan
 from agentrl.testing.scripted import ScriptedEngine, hermes_call
 
-# run_python keeps its default 10 s; a hidden test gets 10 s instead of 3: at load 40+ on 2 cores an honest
-# `add(1, 1)` test timed out after 3 s (the soak checks attribution, not grading speed on an overloaded machine)
-ENV_OPTIONS = {"source": "easy", "action_format": "hermes", "test_timeout_s": 10}
+# run_python and each hidden test keep their default 10 s (at load 40+ on 2 cores an honest `add(1, 1)` test timed
+# out after the former 3 s default)
+ENV_OPTIONS = {"source": "easy", "action_format": "hermes"}
 INFRA_RETRIES = 2
 MARKER = "/workspace/.chaos"  # the policy's first command writes its trajectory id here: the host finds its sandbox
 BUSY = "/workspace/.chaos-busy"  # written by a command that then sleeps: the host sees a command running
