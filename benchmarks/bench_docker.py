@@ -201,8 +201,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 async def bench_separation(n: int, cpus: float) -> None:
     """exec ['true'] alternately in a resource-separated container and in one sharing its budget with the agent."""
+    from bench_sandbox import alternate_execs  # this script's folder is on sys.path
+
     spec = SandboxSpec(image="agentrl/python:latest", cpus=cpus)
-    out: dict[str, list[float]] = {"separated": [], "shared": []}
     sep, shared = DockerBackend(), DockerBackend(separate_resources=False)
     try:
         async with SandboxPool(sep, spec, max_sandboxes=1, run_id=RUN_ID) as sp, \
@@ -210,15 +211,7 @@ async def bench_separation(n: int, cpus: float) -> None:
             async with sp.lease() as a, hp.lease() as b:
                 if not a.resources_separated or b.resources_separated:
                     raise SystemExit(f"--separation needs host root and cgroup v1 (separated={a.resources_separated})")
-                pair = (("separated", a), ("shared", b))
-                for _ in range(20):
-                    for _, sb in pair:
-                        await sb.exec(["true"])
-                for i in range(n):
-                    for key, sb in pair if i % 2 else pair[::-1]:
-                        t0 = time.perf_counter()
-                        await sb.exec(["true"])
-                        out[key].append(time.perf_counter() - t0)
+                out = await alternate_execs((("separated", a), ("shared", b)), n)
     finally:
         await sep.close()
         await shared.close()

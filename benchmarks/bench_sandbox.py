@@ -91,22 +91,28 @@ async def bench_separation(n: int, state_dir: str) -> dict[str, list[float]]:
     """exec ['true'] alternately in a resource-separated local sandbox and in one sharing its budget with the agent."""
     from agentrl.sandbox.local import LocalBackend
 
-    out: dict[str, list[float]] = {"separated": [], "shared": []}
     spec = SandboxSpec()
     async with SandboxPool(LocalBackend(state_dir=state_dir), spec, max_sandboxes=1) as sep_pool, \
             SandboxPool(LocalBackend(state_dir=state_dir, separate_resources=False), spec, max_sandboxes=1) as sh_pool:
         async with sep_pool.lease() as separated, sh_pool.lease() as shared:
             if not separated.resources_separated:
                 raise SystemExit("--separation needs host root and cgroup limits (resources_separated is false here)")
-            pair = (("separated", separated), ("shared", shared))
-            for _ in range(20):
-                for _, sb in pair:
-                    await sb.exec(["true"])
-            for i in range(n):
-                for key, sb in pair if i % 2 else pair[::-1]:
-                    t0 = time.perf_counter()
-                    await sb.exec(["true"])
-                    out[key].append(time.perf_counter() - t0)
+            out = await alternate_execs((("separated", separated), ("shared", shared)), n)
+    return out
+
+
+async def alternate_execs(pair: tuple[tuple[str, Any], ...], n: int) -> dict[str, list[float]]:
+    """exec ['true'] n times in each sandbox of `pair`, alternating (who goes first too), after 20 warm-up execs
+    each, so both see the same load: the round trips per key. Also used by bench_docker.py."""
+    out: dict[str, list[float]] = {key: [] for key, _ in pair}
+    for _ in range(20):
+        for _, sb in pair:
+            await sb.exec(["true"])
+    for i in range(n):
+        for key, sb in pair if i % 2 else pair[::-1]:
+            t0 = time.perf_counter()
+            await sb.exec(["true"])
+            out[key].append(time.perf_counter() - t0)
     return out
 
 
