@@ -25,6 +25,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from agentrl.sandbox import SandboxPool, SandboxSpec
 
