@@ -159,3 +159,52 @@ async def test_eval_beats_with_every_modes_in_flight_work(tokenizer: Any, tmp_pa
     # sampled and the greedy mode's trajectories all in flight
     assert sum(done == 0 and in_flight == 6 for done, total, in_flight, *_ in beats) >= 3, err
     assert beats[-1][:4] == (6, 6, 0, 18)  # the final line: 6 trajectories x 3 turns, none left
+
+
+SLOW_TOOL_ENV = '''
+import asyncio
+from agentrl.testing.simulated import SimulatedEnv
+
+class SlowTool(SimulatedEnv):
+    """SimulatedEnv whose tool takes 0.3 s (a replayed command that runs for a while)."""
+
+    async def call_tool(self, sandbox, call, *, task):
+        await asyncio.sleep(0.3)
+        return await super().call_tool(sandbox, call, task=task)
+'''
+
+REPLAY_LINE = re.compile(r"replay --reexecute: (\d+)/(\d+) trajectories re-executed \((\d+) tool calls\)")
+
+
+async def _two_stored_trajectories(tokenizer: Any, path: Any, env_ref: str) -> None:
+    from agentrl.store import TrajectoryStore
+
+    env = SimulatedEnv(tasks=1)
+    rollout = Rollout(env=env, engine=SlowEngine(tokenizer, delay_s=0.0), renderer=ChatRenderer(tokenizer),
+                      sampling=SamplingParams(temperature=1.0, max_new_tokens=64),
+                      budgets=Budgets(max_turns=4, max_completion_tokens=4096, context_window=8192))
+    sched = Scheduler(rollout, SimulatedPool(exec_p50_s=0.001), SchedulerConfig(group_size=2, max_trajectories=2))
+    async with sched.pool:
+        with TrajectoryStore(path) as store:
+            async for group in sched.run(env.tasks()):
+                store.append_group([t.model_copy(update={"env": env_ref}) for t in group])
+
+
+def test_replay_reexecute_beats_while_tool_calls_replay(tokenizer: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import agentrl.cli.display as display
+    import agentrl.compose as compose
+    from agentrl.cli import main
+
+    env_file = tmp_path / "slow_tool.py"
+    env_file.write_text(SLOW_TOOL_ENV)
+    stored = tmp_path / "run.jsonl"
+    asyncio.run(_two_stored_trajectories(tokenizer, stored, f"{env_file}:SlowTool"))
+    monkeypatch.setattr(display, "HEARTBEAT_S", 0.05, raising=False)
+    monkeypatch.setattr(compose, "make_pool", lambda *a, **k: SimulatedPool(exec_p50_s=0.001))
+    main(["replay", str(stored), "--reexecute"])  # exit code: whether the replayed results matched (not checked)
+    err = capsys.readouterr().err
+    beats = [tuple(map(int, m.groups())) for line in err.splitlines() if (m := REPLAY_LINE.search(line))]
+    # 2 trajectories x 2 tool calls x 0.3 s, one after another: beats before the first one is done, then after it
+    assert sum(b[:2] == (0, 2) for b in beats) >= 3, err
+    assert any(b[:2] == (1, 2) for b in beats) and beats[-1] == (2, 2, 4), err
