@@ -51,7 +51,7 @@ class ProgressDisplay:
     or `live=False`) a heartbeat line every `every_s` seconds (default HEARTBEAT_S) whether or not anything
     finished, so long work is never silent. Enter it inside the running event loop (`with`, or `async with` from a
     coroutine on another thread's loop): the heartbeat is a task on it, cancelled on exit, which prints the final
-    line. The loop must stay free while the work runs (blocking work goes to threads)."""
+    line (unless the work raised). The loop must stay free while the work runs (blocking work goes to threads)."""
 
     def __init__(self, progress: Progress | Callable[[], str], console: Console | None = None,
                  every_s: float | None = None, *, live: bool = True) -> None:
@@ -97,7 +97,7 @@ class ProgressDisplay:
         if self._live is not None:
             self._live.update(self.line())
             self._live.__exit__(*exc)
-        else:
+        elif exc[0] is None:  # the final line; on an error the error is what gets printed last
             self.console.print(self.line(), soft_wrap=True, markup=False, highlight=False)
 
 
