@@ -315,9 +315,10 @@ async def _rerun_one(traj: Trajectory, env: Env, task: Task, pool: Any, scorer: 
 
 async def rescore_rerun(trajs: Iterable[Trajectory], pool_factory: PoolFactory, *, env_name: str | None = None,
                         env_options: dict[str, Any] | None = None,
-                        specs: list[RewardSpec] | None = None) -> list[RescoreRow]:
+                        specs: list[RewardSpec] | None = None,
+                        on_row: Callable[[RescoreRow], None] | None = None) -> list[RescoreRow]:
     """Re-run the env's tests on each stored solution in a fresh sandbox, then score the new report (with `specs`,
-    default: each trajectory's recorded reward config)."""
+    default: each trajectory's recorded reward config). Rows stream to `on_row` as they are done."""
     envs = _Envs(env_name, env_options)
     scorers = _Scorers(specs, envs)
     rows: list[RescoreRow] = []
@@ -333,6 +334,8 @@ async def rescore_rerun(trajs: Iterable[Trajectory], pool_factory: PoolFactory, 
                 raise  # nothing can be re-run here
             except Exception as exc:  # unknown env/task, infra failure or an env bug: reported, the others go on
                 rows.append(RescoreRow(traj, traj, "not re-run", error=f"{type(exc).__name__}: {exc}"))
+            if on_row is not None:
+                on_row(rows[-1])
     return rows
 
 

@@ -5,8 +5,9 @@ simulated sleeps; and the same net of the CPU spent inside the event loop's wait
 waking the thread, which dominates when events arrive one at a time: see WaitMeter), memory per in-flight trajectory (peak RSS growth / trajectories), store write throughput, and
 the over-sampling cut on a heavy tail (seconds per step with and without `oversample`).
 
-`--drift-check` picks where the per-turn drift check runs (deferred: in a worker process after the last turn, whose
-CPU is reported separately as worker_cpu_ms_per_tool_call; inline: on the event loop; off). `--gc` applies the CLI's
+`--drift-check` picks where the per-turn drift check runs (inline, the default here and in the product's config: on
+the event loop; deferred: in a worker process after the last turn, whose CPU is reported separately as
+worker_cpu_ms_per_tool_call; off). Every result records the mode it ran with (`drift_check`). `--gc` applies the CLI's
 collector policy after start-up (tuned, the default of `gc_tune`: agentrl/cli/gc_policy.py) or leaves CPython's
 defaults (default); each size reports what the collector cost (collections, seconds, longest pause).
 
@@ -19,8 +20,17 @@ defaults (default); each size reports what the collector cost (collections, seco
   a decode step of 10 ms growing to 88 ms at 2,000 in flight, prefills sharing 50,000 tokens/s (a chunked-prefill
   engine). ~400 turns/s at 2,000 in flight, held for tens of seconds.
 
-    PYTHONPATH=. python benchmarks/bench_scale.py --sizes 100 500 2000 --turns 8
+`--engine sglang` replaces the in-process simulated engine by the real SGLang engine client (agentrl.engine.sglang:
+the request body with the whole context's token ids, JSON, HTTP over loopback, the answer parsed into a Generation)
+talking to a stand-in SGLang server (agentrl.engine.standin, the SGLang face with its contract check) in its own
+process, whose model is the same simulated engine (same decode/prefill costs). `--obs-chars N` makes every tool
+output N characters long, so contexts grow by a few hundred tokens per turn (long multi-turn contexts: each turn's
+request carries all of them). The runner process's CPU per tool call then includes the client's per-turn cost; the
+server process's CPU is reported apart (server_cpu_ms_per_tool_call), as the sandbox and the model are not counted.
+
+    PYTHONPATH=. python benchmarks/bench_scale.py --sizes 100 500 2000 --turns 8              # drift check inline
     PYTHONPATH=. python benchmarks/bench_scale.py --workload seed --sizes 2000 --turns 8 --steps 0
+    PYTHONPATH=. python benchmarks/bench_scale.py --engine sglang --obs-chars 2000 --sizes 2000 --turns 8 --steps 0
     PYTHONPATH=. python benchmarks/bench_scale.py --event-density 2000
 """
 
@@ -62,11 +72,30 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 }
 
 
+class LongOutputEnv(SimulatedEnv):
+    """SimulatedEnv whose tool outputs are `obs_chars` long (a log's worth of lines): long multi-turn contexts."""
+
+    def __init__(self, tasks: int, obs_chars: int) -> None:
+        super().__init__(tasks=tasks)
+        line = "INFO step {i:05d} finished: checked 17 files, 0 warnings, cache hit\n"
+        self.padding = "".join(line.format(i=i) for i in range(obs_chars // len(line) + 1))[:obs_chars]
+
+    async def call_tool(self, sandbox: Any, call: Any, *, task: Any) -> Any:
+        r = await super().call_tool(sandbox, call, task=task)
+        return r.model_copy(update={"output": f"{r.output}\n{self.padding}"})
+
+
+CONTEXT = 131_072  # context window of the sglang runs (the simulated model behind the stand-in has no limit)
+
+
 def build(tok: Any, n: int, turns: int, *, exec_p50_s: float, death_p: float, group_size: int = 8,
-          drift: str = "inline", worker: DeferredDrift | None = None, engine_kw: dict[str, Any] | None = None
-          ) -> tuple[Scheduler, SimulatedEngine, SimulatedPool, SimulatedEnv]:
-    env = SimulatedEnv(tasks=max(1, n // group_size))
-    engine = SimulatedEngine(tok, number_replies(), **(engine_kw or WORKLOADS["stress"]["engine"]))
+          drift: str = "inline", worker: DeferredDrift | None = None, engine_kw: dict[str, Any] | None = None,
+          engine: Any = None, obs_chars: int = 0) -> tuple[Scheduler, Any, SimulatedPool, SimulatedEnv]:
+    """`engine`: a generation engine to use instead of a fresh in-process SimulatedEngine (the SGLang client)."""
+    tasks = max(1, n // group_size)
+    env = LongOutputEnv(tasks, obs_chars) if obs_chars else SimulatedEnv(tasks=tasks)
+    if engine is None:
+        engine = SimulatedEngine(tok, number_replies(), **(engine_kw or WORKLOADS["stress"]["engine"]))
     pool = SimulatedPool(exec_p50_s=exec_p50_s, death_p=death_p, max_sandboxes=n + 64)
     rollout = Rollout(env=env, engine=engine, renderer=ChatRenderer(tok, env.tools),
                       sampling=SamplingParams(temperature=1.0, max_new_tokens=32, seed=1),
@@ -135,14 +164,67 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
 
 
-async def one_size(tok: Any, n: int, turns: int, out_dir: Path, drift: str, workload: str = "stress"
-                   ) -> dict[str, Any]:
+def serve_standin(port: int, workload: str) -> None:
+    """The stand-in SGLang server (its SGLang face: contract check, admission, JSON answer) over the workload's
+    simulated model, on 127.0.0.1:`port`, until killed (`--serve-standin`: the server process of --engine sglang)."""
+    from agentrl.engine.sglang_contract import generate_validator
+    from agentrl.engine.standin import StandIn
+    from agentrl.engine.standin_core import StandInServer
+
+    async def serve() -> None:
+        engine = SimulatedEngine(tokenizer(), number_replies(), context_window=CONTEXT, **WORKLOADS[workload]["engine"])
+        standin = StandIn(engine, model_path="simulated", validator=generate_validator(), worker_id=f"bench:{port}",
+                          context_window=CONTEXT, max_log=1)
+        server = StandInServer(standin, "127.0.0.1", port)
+        await server.start()
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+class StandInProcess:
+    """`--serve-standin` in a child process; its CPU seconds read from /proc (utime + stime of the process)."""
+
+    def __init__(self, workload: str) -> None:
+        import socket
+        import subprocess
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve-standin", str(self.port), "--workload",
+                                      workload], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            raise SystemExit(f"the stand-in server did not start (exit {self.proc.poll()})")
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+async def one_size(tok: Any, n: int, turns: int, out_dir: Path, drift: str, workload: str = "stress",
+                   engine: str = "simulated", obs_chars: int = 0) -> dict[str, Any]:
+    from agentrl.engine.sglang import SGLangEngine
+
     probe_cpu, probe_wait_cpu = await probe_cpu_s_per_s()
     worker = DeferredDrift(ChatRenderer(tok, SimulatedEnv.tools)) if drift == "deferred" else None
     worker_cpu0 = await worker.worker_cpu_s() if worker else 0.0  # started (and its renderer built) before timing
     w = WORKLOADS[workload]
-    sched, engine, pool, env = build(tok, n, turns, exec_p50_s=w["exec_p50_s"], death_p=0.002, drift=drift,
-                                     worker=worker, engine_kw=w["engine"])
+    server = StandInProcess(workload) if engine == "sglang" else None
+    client = None
+    if server is not None:  # the real client, connected (model_info read) before timing
+        client = SGLangEngine(urls=[server.url], eos_token_ids=[tok.eos_token_id], context_window=CONTEXT)
+        await client.connect()
+    server_cpu0 = server.cpu_s() if server else 0.0
+    sched, engine_obj, pool, env = build(tok, n, turns, exec_p50_s=w["exec_p50_s"], death_p=0.002, drift=drift,
+                                         worker=worker, engine_kw=w["engine"], engine=client, obs_chars=obs_chars)
     lags: list[float] = []
     rss: list[int] = []
     stop = asyncio.Event()
@@ -152,6 +234,7 @@ async def one_size(tok: Any, n: int, turns: int, out_dir: Path, drift: str, work
     store_s, stored = 0.0, 0
     cpu0, t0, waits0, wait_cpu0 = time.process_time(), time.perf_counter(), METER.waits, METER.cpu_s
     in_flight_s = 0.0  # how long all n trajectories were running at once (before the first group was done)
+    contexts: list[int] = []  # each trajectory's final context (prompt + every turn), tokens
     with GcMonitor() as gc_mon:
         handles = [sched.submit(task) for task in env.tasks()]
         for fut in asyncio.as_completed(handles):
@@ -161,7 +244,12 @@ async def one_size(tok: Any, n: int, turns: int, out_dir: Path, drift: str, work
             await asyncio.to_thread(store.append_group, group)
             store_s += time.perf_counter() - ts
             stored += len(group)
+            contexts += [len(t.prompt_ids) + len(t.completion_ids) for t in group]
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    server_cpu = server.cpu_s() - server_cpu0 if server else 0.0
+    if server is not None:
+        await client.close()
+        server.close()
     waits, wait_cpu = METER.waits - waits0, METER.cpu_s - wait_cpu0
     worker_cpu = await worker.worker_cpu_s() - worker_cpu0 if worker else 0.0
     if worker:
@@ -171,7 +259,13 @@ async def one_size(tok: Any, n: int, turns: int, out_dir: Path, drift: str, work
     await probe
     store.close()
     calls = max(sched.progress.tool_calls, 1)
-    return {"workload": workload, "trajectories": stored, "turns": turns, "wall_s": round(wall, 2),
+    sent = {}
+    if server is not None:
+        sent = {"server_cpu_ms_per_tool_call": round(server_cpu / calls * 1e3, 3),
+                "final_context_tokens_mean": round(sum(contexts) / max(len(contexts), 1)),
+                "final_context_tokens_max": max(contexts, default=0)}
+    return {"workload": workload, "engine": engine, "obs_chars": obs_chars, "trajectories": stored, "turns": turns,
+            "wall_s": round(wall, 2),
             "all_in_flight_s": round(in_flight_s, 2), "tool_calls": calls,
             "loop_lag_p50_ms": round(pct(lags, 0.5) * 1e3, 2), "loop_lag_p99_ms": round(pct(lags, 0.99) * 1e3, 2),
             "loop_lag_p999_ms": round(pct(lags, 0.999) * 1e3, 2),
@@ -189,7 +283,8 @@ async def one_size(tok: Any, n: int, turns: int, out_dir: Path, drift: str, work
             "mem_kib_per_trajectory": round(peak / max(stored, 1) / 1024, 1),
             "store_traj_per_s": round(stored / max(store_s, 1e-9), 1),
             "sandbox_deaths": pool.deaths, "infra_errors": sched.progress.infra_errors,
-            "prefix_cached_frac": round(engine.cached_tokens / max(1, engine.input_tokens), 3),
+            **({"prefix_cached_frac": round(engine_obj.cached_tokens / max(1, engine_obj.input_tokens), 3)}
+               if server is None else sent),
             "renderer": dict(sched.rollout.renderer.stats)}  # which render paths were taken (fast / full)
 
 
@@ -248,7 +343,8 @@ async def event_density(tok: Any, n: int) -> dict[str, Any]:
 async def main(args: argparse.Namespace) -> None:
     tok = tokenizer()
     out: dict[str, Any] = {"load_avg_before": os.getloadavg(), "sizes": {}, "oversample": [],
-                           "drift_check": args.drift_check, "gc": args.gc, "workload": args.workload}
+                           "drift_check": args.drift_check, "gc": args.gc, "workload": args.workload,
+                           "engine": args.engine, "obs_chars": args.obs_chars}
     if args.gc == "tuned":
         out["gc_tune"] = tune()  # what the CLI does once start-up is over
     if args.event_density:
@@ -256,7 +352,8 @@ async def main(args: argparse.Namespace) -> None:
         return
     with tempfile.TemporaryDirectory() as d:
         for n in args.sizes:
-            out["sizes"][n] = await one_size(tok, n, args.turns, Path(d), args.drift_check, args.workload)
+            out["sizes"][n] = await one_size(tok, n, args.turns, Path(d), args.drift_check, args.workload,
+                                             args.engine, args.obs_chars)
             print(n, out["sizes"][n], file=sys.stderr)
     for o in (1.0, 1.25) if args.steps else ():
         out["oversample"].append(await oversample_run(tok, o, args.steps, args.batch))
@@ -271,11 +368,20 @@ if __name__ == "__main__":
     p.add_argument("--turns", type=int, default=8)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--drift-check", choices=["deferred", "inline", "off"], default="deferred")
+    p.add_argument("--drift-check", choices=["deferred", "inline", "off"], default="inline",
+                   help="where the per-turn drift check runs (default inline, as in the product's config)")
+    p.add_argument("--engine", choices=["simulated", "sglang"], default="simulated",
+                   help="sglang: the real SGLang client against a stand-in server process (see above)")
+    p.add_argument("--obs-chars", type=int, default=0, help="tool output length in characters (0: short outputs)")
+    p.add_argument("--serve-standin", type=int, metavar="PORT", help=argparse.SUPPRESS)
     p.add_argument("--gc", choices=["tuned", "default"], default="tuned")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="stress")
     p.add_argument("--event-density", type=int, default=0, metavar="N",
                    help="instead: CPU per turn of N trajectories at three event densities, and a bare loop's "
                         "CPU per wake-up")
+    parsed = p.parse_args()
+    if parsed.serve_standin:
+        serve_standin(parsed.serve_standin, parsed.workload)
+        sys.exit(0)
     with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(METER)) as runner:
-        runner.run(main(p.parse_args()))
+        runner.run(main(parsed))

@@ -19,13 +19,30 @@ Same model, tasks, tool, sampling and budgets on both sides:
   last tool call is not executed). agentrl: max_turns = tools + 1, and the (tools+1)-th call returns at once with
   done=True, so both make tools + 1 generations and sleep through the same `tools` latencies.
 
-Measured per repetition: wall seconds of TRL's `_generate` (its generation phase, tool loop included; timed by a
-wrapper around the method, driven through `_generate_and_score_completions` on one batch) and of agentrl's
-`Scheduler.run` over the same batch (what the trainer's rollout_func waits on). The critical-path bound of a step is
-the slowest rollout's own serial time: its latencies plus its generation alone (one rollout through the engine with
+TRL runs in two configurations (`--trl`): "padded", its default (each turn one left-padded `model.generate` over
+every rollout still calling tools), and "cb", its best CPU configuration, `GRPOConfig(
+use_transformers_continuous_batching=True)` (each turn one `model.generate_batch`: transformers' continuous-batching
+engine with a paged cache, no padding). The tool loop around the generation is TRL's own in both.
+
+Measured per repetition, each row labelled by exactly what its clock covers:
+
+    trl_<mode>_generate_s  TRL's whole `GRPOTrainer._generate(prompts)` of one batch: prompt tokenization, every
+                           turn's generation, TRL's tool loop (`_tool_call_loop`: tool calls run one rollout after
+                           another) and the response parsing. Timed by a wrapper around the method, driven through
+                           `_generate_and_score_completions` (the reward, advantage and logprob computation that
+                           follows is NOT timed).
+    agentrl_run_s          agentrl's `Scheduler.run` over the same batch until its last group is yielded (what the
+                           trainer's rollout_func waits on): rendering, generation (LocalEngine, continuous
+                           batching), parsing, tool calls, drift checks and the env's finalize/score.
+
+Warm-up: before the timed repetitions each side runs `--warmup` untimed steps of the same batch (default 1), so no
+side pays first-call costs (kernel selection, allocator growth, a paged cache's first allocation) inside a timed row.
+Repetitions are interleaved (TRL modes, then agentrl, per repetition). The critical-path bound of a step is the
+slowest rollout's own serial time: its latencies plus its generation alone (one rollout through the engine with
 zero latency, measured here).
 
-    PYTHONPATH=. python benchmarks/bench_vs_trl_tools.py [--tasks 4 --group 8 --tools 4 --p50 0.05 --reps 3]
+    PYTHONPATH=. python benchmarks/bench_vs_trl_tools.py [--tasks 4 --group 8 --tools 4 --p50 0.05 --reps 3
+                                                          --warmup 1 --trl padded cb]
     PYTHONPATH=. python benchmarks/bench_vs_trl_tools.py --quick   # < 1 minute, a smoke run
 """
 
@@ -245,10 +262,22 @@ def trl_environment(lat: Latencies) -> type:
     return WaitEnvironment
 
 
-class TrlSide:
-    """TRL's GRPOTrainer with its own tool loop; `step()` times `_generate` on one generation batch."""
+def cb_config(args: argparse.Namespace) -> dict[str, Any]:
+    """transformers' ContinuousBatchingConfig for TRL's "cb" mode. Its defaults size the paged cache and the batch
+    from a GPU's free memory; on CPU that grew this process past 9 GB, so both are sized to the batch: enough blocks
+    for every rollout's whole context at once (no eviction), a batch-token budget that holds every decoding row."""
+    rollouts = args.tasks * args.group
+    page = 256
+    return {"page_size": page, "num_blocks": rollouts * (-(-(args.max_completion + 256) // page)) + 8,
+            "max_batch_tokens": args.cb_batch_tokens, "max_requests_per_batch": rollouts}
 
-    def __init__(self, model_dir: Path, lat: Latencies, args: argparse.Namespace, out: Path) -> None:
+
+class TrlSide:
+    """TRL's GRPOTrainer with its own tool loop; `step()` times `_generate` on one generation batch. `mode`: "padded"
+    (TRL's default generation) or "cb" (`use_transformers_continuous_batching=True`)."""
+
+    def __init__(self, model_dir: Path, lat: Latencies, args: argparse.Namespace, out: Path,
+                 mode: str = "padded") -> None:
         from datasets import Dataset
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from trl import GRPOConfig, GRPOTrainer
@@ -260,7 +289,9 @@ class TrlSide:
         config = GRPOConfig(output_dir=str(out), per_device_train_batch_size=n, num_generations=args.group,
                             max_completion_length=args.max_completion, max_tool_calling_iterations=args.tools,
                             temperature=1.0, top_p=1.0, top_k=0, use_cpu=True, bf16=False, report_to=[],
-                            logging_steps=1, max_steps=1, seed=args.seed, save_strategy="no")
+                            logging_steps=1, max_steps=1, seed=args.seed, save_strategy="no",
+                            use_transformers_continuous_batching=mode == "cb",
+                            transformers_continuous_batching_config=cb_config(args) if mode == "cb" else None)
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         self.trainer = GRPOTrainer(model=model, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
                                    args=config, train_dataset=Dataset.from_list(self.rows),
@@ -309,32 +340,37 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         model_dir = build_model(Path(d) / "model", args.think)
         ours = AgentrlSide(model_dir, lat, args)
-        trl = TrlSide(model_dir, lat, args, Path(d) / "trl")
+        trls = {mode: TrlSide(model_dir, lat, args, Path(d) / f"trl-{mode}", mode) for mode in args.trl}
         solo = min(ours.solo_generation_s() for _ in range(3))  # the ideal: the least it took, alone
-        runs: dict[str, list[float]] = {"trl": [], "agentrl": []}
-        for rep in range(args.reps):
-            s, _ = trl.step()
-            check_same_work("TRL", lat)
-            runs["trl"].append(s)
+        runs: dict[str, list[float]] = {**{f"trl_{m}_generate_s": [] for m in trls}, "agentrl_run_s": []}
+        for rep in range(-args.warmup, args.reps):  # negative: the same untimed warm-up steps on every side
+            line = []
+            for mode, trl in trls.items():
+                s, _ = trl.step()
+                check_same_work(f"TRL {mode}", lat)
+                line.append(f"trl {mode} {s:.2f} s")
+                if rep >= 0:
+                    runs[f"trl_{mode}_generate_s"].append(s)
             s, trajs = ours.step()
             check_same_work("agentrl", lat)
             agentrl_turn_check(trajs, args)
-            runs["agentrl"].append(s)
-            print(f"rep {rep}: trl {runs['trl'][-1]:.2f} s  agentrl {s:.2f} s", file=sys.stderr)
+            if rep >= 0:
+                runs["agentrl_run_s"].append(s)
+            print(f"{'warm-up' if rep < 0 else 'rep'} {rep}: {'  '.join(line)}  agentrl {s:.2f} s", file=sys.stderr)
         asyncio.run(ours.engine.close())
     tool_bound = lat.serial_bound_s()
     bound = tool_bound + solo
-    trl_s, ours_s = statistics.median(runs["trl"]), statistics.median(runs["agentrl"])
+    ours_s = statistics.median(runs["agentrl_run_s"])
+    medians = {k: round(statistics.median(v), 2) for k, v in runs.items()}
     return {"config": dict(vars(args)), "rollouts": args.tasks * args.group,
             "latency_p99_over_p50": {"distribution": round(math.exp(2.3263 * SIGMA), 1),
                                      "drawn": round(lat.ratio_p99_p50(), 1)},
             "latency_sum_s": round(sum(x for v in lat.table.values() for x in v), 2),
-            "trl_generate_s": [round(x, 2) for x in runs["trl"]],
-            "agentrl_scheduler_s": [round(x, 2) for x in runs["agentrl"]],
+            "timed": {k: [round(x, 2) for x in v] for k, v in runs.items()}, "median": medians,
             "solo_rollout_generation_s": round(solo, 3), "slowest_rollout_latency_s": round(tool_bound, 3),
-            "critical_path_bound_s": round(bound, 3),
-            "speedup_vs_trl": round(trl_s / ours_s, 2), "agentrl_over_bound": round(ours_s / bound, 3),
-            "trl_over_bound": round(trl_s / bound, 2),
+            "critical_path_bound_s": round(bound, 3), "agentrl_over_bound": round(ours_s / bound, 3),
+            **{f"speedup_vs_trl_{m}": round(medians[f"trl_{m}_generate_s"] / ours_s, 2) for m in trls},
+            **{f"trl_{m}_over_bound": round(medians[f"trl_{m}_generate_s"] / bound, 2) for m in trls},
             "load_avg_before": [round(x, 2) for x in load0],
             "load_avg_after": [round(x, 2) for x in os.getloadavg()]}
 
@@ -347,13 +383,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--p50", type=float, default=0.05, help="median tool latency, seconds")
     p.add_argument("--think", type=int, default=30, help="tokens the model emits before each tool call")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per side before the timed repetitions")
+    p.add_argument("--trl", nargs="+", choices=["padded", "cb"], default=["padded", "cb"],
+                   help="TRL generation modes: padded (its default generate) and/or cb "
+                        "(use_transformers_continuous_batching)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cb-batch-tokens", type=int, default=1024,
+                   help="TRL cb mode: most tokens per continuous-batching forward (prefill chunks + decoding rows)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="per turn")
     p.add_argument("--max-completion", type=int, default=1024, help="per rollout (all turns, tool tokens included)")
     p.add_argument("--quick", action="store_true", help="a < 1 minute smoke run (2 tasks x 4, 2 tools, 1 rep)")
     args = p.parse_args(argv)
     if args.quick:
-        args.tasks, args.group, args.tools, args.p50, args.reps, args.think = 2, 4, 2, 0.1, 1, 8
+        args.tasks, args.group, args.tools, args.p50, args.reps, args.think, args.warmup = 2, 4, 2, 0.1, 1, 8, 0
     return args
 
 

@@ -155,16 +155,26 @@ def _cmd_replay(a: argparse.Namespace) -> int:
 
 def _reexecute(a: argparse.Namespace, chosen: list[Any], console: Any) -> int:
     from agentrl.cli import _run_cancellable
+    from agentrl.cli.display import ProgressDisplay, timed
     from agentrl.replay import reexecute_many
     from agentrl.view.terminal import reexecute_view
 
     def show(report: Any) -> None:
         console.print(reexecute_view(report, max_chars=a.max_chars))
 
-    reports = []
+    reports: list[Any] = []
+
+    def line() -> str:
+        calls = sum(len(r.checks) for r in reports)
+        return f"replay --reexecute: {len(reports)}/{len(chosen)} trajectories re-executed ({calls} tool calls)"
+
+    def done(report: Any) -> None:
+        reports.append(report)
+        show(report)
 
     async def run() -> int:
-        reports.extend(await reexecute_many(chosen, _pool_factory(a), env_options=_env_options(a), on_report=show))
+        with ProgressDisplay(timed(line), live=False):  # one trajectory's tool calls can take minutes
+            await reexecute_many(chosen, _pool_factory(a), env_options=_env_options(a), on_report=done)
         return 0
 
     rc = _run_cancellable(run())
@@ -205,12 +215,17 @@ def _cmd_rescore(a: argparse.Namespace) -> int:
     loaded = _load(a.file)
     if a.rerun_tests:
         from agentrl.cli import _run_cancellable
+        from agentrl.cli.display import ProgressDisplay, timed
 
         rows: list[Any] = []
 
+        def line() -> str:
+            return f"rescore --rerun-tests: {len(rows)}/{len(loaded.trajectories)} trajectories re-tested"
+
         async def run() -> int:
-            rows.extend(await rescore_rerun(loaded.trajectories, _pool_factory(a), env_name=a.env,
-                                            env_options=_env_options(a), specs=specs))
+            with ProgressDisplay(timed(line), live=False):  # each re-run starts a sandbox and runs the tests
+                await rescore_rerun(loaded.trajectories, _pool_factory(a), env_name=a.env,
+                                    env_options=_env_options(a), specs=specs, on_row=rows.append)
             return 0
 
         rc = _run_cancellable(run())

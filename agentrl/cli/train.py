@@ -144,15 +144,30 @@ def _cmd_train(a: argparse.Namespace) -> int:
     return 0
 
 
-def run_train(cfg: Any, *, resume: bool = False) -> Any:
-    """Build the parts of `cfg` (agentrl.compose) and run the job (blocking). Returns the trainer's JobResult."""
+def train_heartbeat(console: Any = None) -> Any:
+    """The job's heartbeat (agentrl.trainer.job.Heartbeat): a progress line on `console` (default stderr) every
+    HEARTBEAT_S seconds with the step, its phase (rollout, training, evaluation, snapshot) and the training
+    scheduler's trajectories, turns, tool calls and tokens (in flight included). Always log lines, never a redrawn
+    terminal line: the per-step table is printed between them."""
+    from agentrl.cli.display import ProgressDisplay, progress_line
+
+    def build(progress: Any, status: Any) -> Any:
+        return ProgressDisplay(lambda: f"train {status()}: {progress_line(progress)}", console, live=False)
+
+    return build
+
+
+def run_train(cfg: Any, *, resume: bool = False, console: Any = None) -> Any:
+    """Build the parts of `cfg` (agentrl.compose) and run the job (blocking). Returns the trainer's JobResult. The
+    heartbeat goes to `console` (default stderr)."""
     from agentrl.trainer.dist import Ranks
     from agentrl.trainer.job import Job
 
     ranks = Ranks.from_env()
     parts = train_parts(cfg, main=ranks.is_main)
     try:
-        return Job(cfg, parts, resume=resume, echo=lambda line: print(line, flush=True), ranks=ranks).run()
+        return Job(cfg, parts, resume=resume, echo=lambda line: print(line, flush=True), ranks=ranks,
+                   heartbeat=train_heartbeat(console)).run()
     finally:
         if ranks.is_main:
             asyncio.run(parts.run.aclose())
@@ -236,7 +251,23 @@ async def eval_parts(cfg: Any, checkpoint: Path, *, env: Any = None, tasks: Any 
     return await asyncio.to_thread(build_run, cfg, env=env, tasks=tasks, model=checkpoint, pool=pool)
 
 
-async def _eval_one(cfg: Any, parts: Any, path: Path, label: str, out: Path) -> dict:
+class _Recorded:
+    """The run's scheduler factory, keeping the schedulers it built (one per eval mode) for the heartbeat."""
+
+    def __init__(self, factory: Any) -> None:
+        self.factory = factory
+        self.built: list[Any] = []
+
+    def __call__(self, **kwargs: Any) -> Any:
+        sched = self.factory(**kwargs)
+        self.built.append(sched)
+        return sched
+
+
+async def _eval_one(cfg: Any, parts: Any, path: Path, label: str, out: Path, console: Any = None) -> dict:
+    import time
+
+    from agentrl.cli.display import ProgressDisplay, merged, progress_line
     from agentrl.cli.wiring import tune_gc
     from agentrl.trainer.eval import evaluate
 
@@ -245,13 +276,20 @@ async def _eval_one(cfg: Any, parts: Any, path: Path, label: str, out: Path) -> 
     store.unlink(missing_ok=True)
     print(f"eval {label}: {path} on {len(parts.tasks)} tasks ({cfg.eval.samples} sampled"
           f"{' + greedy' if cfg.eval.greedy else ''})", flush=True)
+    schedulers, started = _Recorded(parts.scheduler), time.perf_counter()
+
+    def line() -> str:
+        return f"eval {label}: " + progress_line(merged((s.progress for s in schedulers.built), started))
+
     async with parts.scorer:
-        return await evaluate(parts.scheduler, parts.tasks, sampling=parts.sampling, samples=cfg.eval.samples,
-                              greedy=cfg.eval.greedy, label=str(path), meta=parts.meta, store_path=store)
+        with ProgressDisplay(line, console):  # every mode's trajectories, in flight included
+            return await evaluate(schedulers, parts.tasks, sampling=parts.sampling, samples=cfg.eval.samples,
+                                  greedy=cfg.eval.greedy, label=str(path), meta=parts.meta, store_path=store)
 
 
-async def run_eval(cfg: Any, candidate: Path, baseline: Path | None, out: Path) -> int:
-    """Evaluate `candidate` (and `baseline`) on the config's eval task set; write JSON reports into `out`."""
+async def run_eval(cfg: Any, candidate: Path, baseline: Path | None, out: Path, console: Any = None) -> int:
+    """Evaluate `candidate` (and `baseline`) on the config's eval task set; write JSON reports into `out`. The
+    heartbeat goes to `console` (default stderr)."""
     import contextlib
 
     from agentrl.trainer.eval import diff_evals, format_diff, write_json
@@ -269,7 +307,7 @@ async def run_eval(cfg: Any, candidate: Path, baseline: Path | None, out: Path) 
                 if shared is None:
                     shared = parts
                     await stack.enter_async_context(parts.pool)
-                results[label] = await _eval_one(cfg, parts, path, label, out)
+                results[label] = await _eval_one(cfg, parts, path, label, out, console)
             finally:
                 await parts.aclose()
             write_json(out / f"{label}.json", results[label])

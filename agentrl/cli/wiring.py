@@ -23,7 +23,7 @@ from agentrl.cli.display import ProgressDisplay, summary_table
 from agentrl.cli.gc_policy import GcMonitor
 from agentrl.compose import RunParts, build_run, env_backend_options, make_pool, run_env, select_tasks
 from agentrl.config import RolloutConfig
-from agentrl.envs import Task, get_env, lease_sandbox
+from agentrl.envs import Env, Task, get_env, lease_sandbox
 from agentrl.errors import ConfigError
 from agentrl.runner.lag import LoopLag
 from agentrl.store import TrajectoryStore, read_trajectories, summarize
@@ -87,12 +87,13 @@ async def _run_groups(cfg: RolloutConfig, parts: RunParts, todo: list[Task], sto
     console.print(f"rollout: env {parts.env.name}, {len(todo)} tasks x {cfg.group_size} samples, model "
                   f"{parts.model_path.name}, sandbox {cfg.sandbox.backend.type}, out {cfg.out}")
     lag = await LoopLag().start()
-    try:
-        async with parts.pool, parts.scorer:
-            with ProgressDisplay(sched.progress, console) as display, GcMonitor() as gc_monitor:
-                async for group in sched.run(todo):
-                    await asyncio.to_thread(store.append_group, group)  # write + fsync off the event loop
-                    display.tick()
+    try:  # the heartbeat covers the pool's start too (warm sandboxes, image pulls)
+        with ProgressDisplay(sched.progress, console) as display:
+            async with parts.pool, parts.scorer:
+                with GcMonitor() as gc_monitor:
+                    async for group in sched.run(todo):
+                        await asyncio.to_thread(store.append_group, group)  # write + fsync off the event loop
+                        display.tick()
     finally:
         await lag.stop()
     return gc_monitor.summary(), lag.summary()
@@ -131,13 +132,38 @@ async def preflight(pool: Any, env: Env, tasks: list[Task]) -> None:
             pass
 
 
+class CheckProgress:
+    """The heartbeat line of `envs check`: what it is doing, tasks checked and in flight, elapsed time."""
+
+    def __init__(self, env: str) -> None:
+        self.env = env
+        self.phase = "preparing the env"
+        self.total = self.done = self.running = 0
+        self.started = time.perf_counter()
+
+    def line(self) -> str:
+        return (f"envs check {self.env}: {self.phase}, checked {self.done}/{self.total} tasks "
+                f"({self.running} in flight)  {time.perf_counter() - self.started:.0f}s")
+
+
 async def check_env(name: str, *, solutions: Path | None, backend: str, json_out: Path | None,
                     options: dict[str, Any], tasks: int | None, concurrency: int,
-                    unsafe_no_isolation: bool = False) -> int:
-
+                    unsafe_no_isolation: bool = False, console: Console | None = None) -> int:
+    """Score the reference (or given) solutions of `name`'s tasks in real sandboxes; a heartbeat line (on
+    `console`, default stderr) every few seconds until the last result, so a slow first use or sandbox is never
+    silent."""
     env = get_env(name, **options)
+    progress = CheckProgress(env.name)
+    with ProgressDisplay(progress.line, console):
+        return await _check_env(env, progress, solutions=solutions, backend=backend, json_out=json_out,
+                                tasks=tasks, concurrency=concurrency, unsafe_no_isolation=unsafe_no_isolation)
+
+
+async def _check_env(env: Env, progress: CheckProgress, *, solutions: Path | None, backend: str,
+                     json_out: Path | None, tasks: int | None, concurrency: int, unsafe_no_isolation: bool) -> int:
     await prepare_env(env)
     todo = select_tasks(env, tasks, [])
+    progress.total = len(todo)
     given = _load_solutions(solutions) if solutions else None
     pool = make_pool(backend, env.sandbox_spec, warm=min(concurrency, 4), max_sandboxes=concurrency,
                      run_id=uuid.uuid4().hex[:12], unsafe_no_isolation=unsafe_no_isolation,
@@ -171,7 +197,11 @@ async def check_env(name: str, *, solutions: Path | None, backend: str, json_out
 
     async def one(task: Task) -> tuple[Task, TestReport]:
         async with sem:  # a task's every case in one slot: results (and progress lines) come task by task
-            return await check_one(task)
+            progress.running += 1
+            try:
+                return await check_one(task)
+            finally:
+                progress.running -= 1
 
     async def check_one(task: Task) -> tuple[Task, TestReport]:
         solution = given.get(task.id) if given is not None else env.reference_solution(task)
@@ -185,13 +215,16 @@ async def check_env(name: str, *, solutions: Path | None, backend: str, json_out
         return task, report
 
     results: list[tuple[Task, TestReport]] = []
+    progress.phase = "starting sandboxes"
     async with pool:
         await preflight(pool, env, todo)
+        progress.phase = "scoring solutions"
         jobs = [asyncio.create_task(one(t)) for t in todo]
         try:
             for fut in asyncio.as_completed(jobs):
                 task, report = await fut
                 results.append((task, report))
+                progress.done += 1
                 mark = "ok " if report.total and report.passed == report.total else "FAIL"
                 error = f"  ({report.error})" if report.error else ""
                 print(f"{mark} {task.id:40s} {report.passed}/{report.total}{error}")
@@ -203,6 +236,7 @@ async def check_env(name: str, *, solutions: Path | None, backend: str, json_out
     order = {t.id: i for i, t in enumerate(todo)}
     results.sort(key=lambda r: order[r[0].id])
     full = sum(1 for _, r in results if r.total and r.passed == r.total)
+    progress.phase = "done"
     print(f"total: {full}/{len(results)} tasks pass all tests; "
           f"{sum(r.passed for _, r in results)}/{sum(r.total for _, r in results)} tests passed")
     flagged = Counter(sig.name for _, r in results for sig in r.signals)  # a reference should raise none

@@ -91,6 +91,12 @@ class JobParts:
     gc_monitor: Any = None  # the process's GcMonitor (agentrl/cli/gc_policy.py): metrics.jsonl's time_gc_* columns
 
 
+Heartbeat = Callable[[Any, Callable[[], str]], Any]
+"""Builds the job's heartbeat from the training scheduler's `Progress` and the job's `status()` (the step and its
+phase): an async context manager entered and exited on the job's loop (the CLI's ProgressDisplay), so long rollouts
+and training steps are never silent."""
+
+
 @dataclass
 class JobResult:
     steps_done: int
@@ -152,12 +158,15 @@ class Job:
     """Runs one training job; see the module docstring. `run()` may be called once."""
 
     def __init__(self, cfg: TrainConfig, parts: JobParts, *, resume: bool = False,
-                 echo: Callable[[str], None] = print, ranks: Ranks | None = None) -> None:
+                 echo: Callable[[str], None] = print, ranks: Ranks | None = None,
+                 heartbeat: Heartbeat | None = None) -> None:
         self.cfg = cfg
         self.parts = parts
         self.resume = resume
         self.ranks = ranks or Ranks()
         self.echo = echo if self.ranks.is_main else _silent
+        self.heartbeat = heartbeat if self.ranks.is_main else None
+        self.phase: str | None = None  # set while evaluating or snapshotting (the heartbeat says so)
         self.run_parts = parts.run
         self.sampling = parts.run.sampling
         self.trainer: Any = None
@@ -190,11 +199,25 @@ class Job:
             stack.callback(torch.use_deterministic_algorithms, torch.are_deterministic_algorithms_enabled())
             callback = self._build(loop, store, state, lag)  # deterministic: switches torch's deterministic mode on
             assert self.rollout_fn is not None
+            if self.heartbeat is not None:  # on the job's loop, which stays free while TRL trains
+                beat = self.heartbeat(self.rollout_fn.scheduler.progress, self.status)
+                loop.run(beat.__aenter__())
+                stack.callback(lambda: loop.run(beat.__aexit__(None, None, None)))
             stack.callback(self.rollout_fn.close)  # before the pool closes: groups running ahead are cancelled
             self.trainer.train(resume_from_checkpoint=str(state.checkpoint) if state.checkpoint else None)
         return JobResult(steps_done=int(self.trainer.state.global_step), resumed_from=state.step,
                          rows=callback.rows, output_dir=cfg.output_dir,
                          stopped_by=None if callback.stopped_by is None else str(callback.stopped_by))
+
+    def status(self) -> str:
+        """What the job is doing now, for the heartbeat: the step and its phase (waiting for the step's rollout,
+        TRL's training step, an evaluation or a snapshot)."""
+        step = int(self.trainer.state.global_step) if self.trainer is not None else 0
+        where = f"step {min(step + 1, self.cfg.steps)}/{self.cfg.steps}"
+        if self.phase is not None:
+            return f"{where}, {self.phase}"
+        waiting = self.rollout_fn is not None and self.rollout_fn.waiting_step is not None
+        return f"{where}, {'rollout (the trainer waits)' if waiting else 'training'}"
 
     def _prepare(self, out: list[ResumeState]) -> tuple[int, Path | None, SamplingParams]:
         """Rank 0: guard the output dir, cut it back to its last checkpoint on resume, write config.json."""
@@ -289,10 +312,14 @@ class Job:
         """Evaluate the current weights (synced to the engine first) on the fixed eval task set."""
         rollout_fn.maybe_sync(self.trainer, account=False)
         out = self.cfg.output_dir / "eval"
-        result = loop.run(evaluation.evaluate(
-            self._shared_schedulers(rollout_fn), self.parts.eval_tasks, sampling=self.sampling,
-            samples=self.cfg.eval.samples, greedy=self.cfg.eval.greedy, label=f"step-{step}",
-            meta={**self.run_parts.meta, "step": step}, store_path=out / f"step-{step}.jsonl"))
+        self.phase = f"evaluating step-{step}"
+        try:
+            result = loop.run(evaluation.evaluate(
+                self._shared_schedulers(rollout_fn), self.parts.eval_tasks, sampling=self.sampling,
+                samples=self.cfg.eval.samples, greedy=self.cfg.eval.greedy, label=f"step-{step}",
+                meta={**self.run_parts.meta, "step": step}, store_path=out / f"step-{step}.jsonl"))
+        finally:
+            self.phase = None
         evaluation.write_json(out / f"step-{step}.json", result)
         means = "  ".join(f"{m} {_fmt(v['mean'])}" for m, v in result["modes"].items())
         self.echo(f"eval step-{step}: {means}")
@@ -311,10 +338,14 @@ class Job:
         """Roll out the fixed snapshot task set with the current weights (synced first); append the rows."""
         rollout_fn.maybe_sync(self.trainer, account=False)
         cfg = self.cfg
-        rows = loop.run(snapshots.run_snapshot(
-            self.run_parts.scheduler, self.parts.snapshot_tasks, sampling=self.sampling, step=step,
-            samples=cfg.snapshot.samples, greedy=cfg.snapshot.greedy, meta=self.run_parts.meta,
-            store_path=snapshots.snapshot_path(cfg.checkpoints_dir, step), output_dir=cfg.output_dir))
+        self.phase = f"snapshot step-{step}"
+        try:
+            rows = loop.run(snapshots.run_snapshot(
+                self.run_parts.scheduler, self.parts.snapshot_tasks, sampling=self.sampling, step=step,
+                samples=cfg.snapshot.samples, greedy=cfg.snapshot.greedy, meta=self.run_parts.meta,
+                store_path=snapshots.snapshot_path(cfg.checkpoints_dir, step), output_dir=cfg.output_dir))
+        finally:
+            self.phase = None
         writer = MetricsWriter(cfg.snapshots_path)
         for row in rows:
             writer.write(row)

@@ -123,6 +123,7 @@ class AgentRollout:
         self.steps: dict[int, StepRollout] = {}
         self._reuse = dict(reuse or {})
         self._idle_mark = 0.0
+        self.waiting_step: int | None = None  # the step whose rollout the trainer waits for now (for the heartbeat)
 
     # -- TRL entry point -------------------------------------------------------------------------------------
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
@@ -141,14 +142,18 @@ class AgentRollout:
         trajectories = self._take_reuse(step, blocks)
         dynamic_counts: dict[str, int] = {}
         reused = trajectories is not None
-        if trajectories is None:
-            groups = self.loop.run(self.pipeline.batch(step, [b[0] for b in blocks]))
-            if self.dynamic is not None:
-                groups, dynamic_counts = self.loop.run(self.dynamic.fill(step, groups))
-            trajectories = [t for g in groups for t in g]
-        else:
-            self.pipeline.mark_consumed(len(blocks))
-            self.loop.run(self._admit(step))  # the next steps' groups start while this step trains
+        self.waiting_step = step
+        try:
+            if trajectories is None:
+                groups = self.loop.run(self.pipeline.batch(step, [b[0] for b in blocks]))
+                if self.dynamic is not None:
+                    groups, dynamic_counts = self.loop.run(self.dynamic.fill(step, groups))
+                trajectories = [t for g in groups for t in g]
+            else:
+                self.pipeline.mark_consumed(len(blocks))
+                self.loop.run(self._admit(step))  # the next steps' groups start while this step trains
+        finally:
+            self.waiting_step = None
         wait_s = time.perf_counter() - t0
         self.store.append_group(trajectories)  # the whole step in one write + fsync
         self.scheduler.guard.check(where=f"this run (up to step {step})")  # stored first: nothing is lost

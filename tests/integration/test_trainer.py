@@ -65,6 +65,7 @@ class Recorder:
         self.synced: list[tuple[int, bool]] = []  # (version, engine weights == trainer weights after sync)
         self.end_ids: list[int] = []
         self.initial: dict[str, torch.Tensor] = {}
+        self.stderr = ""  # what the run printed on stderr (its heartbeat)
         self.final: dict[str, torch.Tensor] = {}
         rec = self
         orig_gen = AgentGRPOTrainer._generate_and_score_completions
@@ -123,10 +124,18 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def two_steps(taught_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Recorder]:
+    import contextlib
+    import io
+
+    import agentrl.cli.display as display
+
     out = tmp_path_factory.mktemp("train") / "run"
-    with pytest.MonkeyPatch.context() as mp:
+    err = io.StringIO()  # the heartbeat's default console is stderr
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err):
+        mp.setattr(display, "HEARTBEAT_S", 0.05, raising=False)
         rec = Recorder(mp)
         result = run_train(job(taught_model, out, micro_batch_size=4, eval_every=2, eval={"tasks": 2, "samples": 1}))
+    rec.stderr = err.getvalue()
     assert result.steps_done == 2
     return out, rec
 
@@ -145,6 +154,23 @@ def test_outputs_metrics_and_checkpoints(two_steps: tuple[Path, Recorder]) -> No
         assert row["time_loop_lag_max_s"] >= row["time_loop_lag_p99_s"] >= 0  # the job probes its runner's loop
     assert sorted(p.name for p in (out / "checkpoints").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     assert json.loads((out / "checkpoints" / "checkpoint-2" / "trainer_state.json").read_text())["global_step"] == 2
+
+
+def test_heartbeat_through_rollout_training_and_evaluation(two_steps: tuple[Path, Recorder]) -> None:
+    """`agentrl train` is never silent: a line every HEARTBEAT_S (0.05 s here) from the job's loop, naming the step
+    and its phase, with the training scheduler's counters (in-flight trajectories included)."""
+    import re
+
+    _, rec = two_steps
+    beat = re.compile(r"^train step (\d)/2, (.+?): trajectories (\d+)/(\d+) \((\d+) in flight\)  turns (\d+)")
+    beats = [m.groups() for line in rec.stderr.splitlines() if (m := beat.match(line))]
+    phases = {phase for _, phase, *_ in beats}
+    assert {"rollout (the trainer waits)", "training", "evaluating step-0", "evaluating step-2"} <= phases, phases
+    assert {step for step, *_ in beats} == {"1", "2"}
+    # while the first step's rollout runs its trajectories are counted before any finished
+    first = [b for b in beats if b[:2] == ("1", "rollout (the trainer waits)")]
+    assert any(int(b[2]) == 0 and int(b[4]) > 0 for b in first), first[:5]
+    assert beats[-1][2:4] == ("16", "16")  # the final line: both steps' 2 groups x 4
 
 
 def test_every_trajectory_stored_with_step_and_weight_version(two_steps: tuple[Path, Recorder]) -> None:
