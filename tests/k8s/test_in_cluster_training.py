@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.k8s, pytest.mark.timeout(1200)]
 OVERLAY = REPO / "k8s" / "overlays" / "dev-cluster-train"
 JOBS = ("agentrl-train-rank0", "agentrl-train-rank1")
 ENGINE = "agentrl-engine-standin"
-TIMEOUT_S = 900  # ~4 min on an idle 2-core machine, ~7 min when the CPU is shared
+TIMEOUT_S = 900  # the Jobs took ~3 min in a whole-tier run, ~8 min with the 2 cores heavily shared
 
 
 def _status(job: str) -> dict:
