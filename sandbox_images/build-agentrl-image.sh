@@ -55,7 +55,8 @@ if ! docker image inspect "$base" >/dev/null 2>&1; then
   "$here/build.sh" --offline-base --only python >&2
 fi
 
-# (2) runtime requirements: agentrl's and code_tests' dependencies, CPU torch, the kubernetes client, pip itself
+# (2) runtime requirements: agentrl's and code_tests' dependencies, the [train] extra (trl, peft, datasets: the rank
+# Jobs of k8s/overlays/dev-cluster-train run `agentrl train`), CPU torch, the kubernetes client, pip itself
 rm -rf "$ctx" && mkdir -p "$ctx/agentrl-wheels" "$wheelhouse"
 "$py" - "$repo" > "$ctx/requirements.txt" <<'PY'
 import sys, tomllib
@@ -64,9 +65,10 @@ repo = Path(sys.argv[1])
 reqs = ["pip", "torch==2.13.0"]  # torch 2.13.0 first: the CPU build
 for pyproject in (repo / "pyproject.toml", repo / "envs/code_tests/pyproject.toml"):
     project = tomllib.loads(pyproject.read_text())["project"]
+    extras = project.get("optional-dependencies", {})
     reqs += [r for r in project["dependencies"] if not r.startswith("agentrl")]
-    if "k8s" in project.get("optional-dependencies", {}):
-        reqs += [r for r in project["optional-dependencies"]["k8s"] if r.startswith("kubernetes>")]
+    reqs += extras.get("train", [])
+    reqs += [r for r in extras.get("k8s", []) if r.startswith("kubernetes>")]
 print("\n".join(dict.fromkeys(reqs)))
 PY
 if "$py" -m pip wheel -q --no-index --find-links "$wheelhouse" -w "$wheelhouse" -r "$ctx/requirements.txt" >/dev/null 2>&1
