@@ -26,12 +26,15 @@ so a trajectory's next turn (previous input + reply + tool tokens) prefills only
 the Generation says how many were reused. Cleared on every weight update.
 
 Deterministic mode (`deterministic=True`, batch invariance). Continuous batching makes a row's numbers depend on
-its batch: the matmul blocking follows B, and the left padding (set by the longest row) shifts the reduction order
-of attention. So each row runs as its own batch of one (`_solo`: one RunningBatch per row, prefilled and decoded
-alone, chunked at `prefill_chunk_tokens`), its sampler is seeded by the request's `SamplingParams.seed` alone, and
-the prefix cache is off (whether a turn hits it depends on eviction, i.e. timing, and a reused prefix computed by
-decode steps differs in the last bits from a fresh prefill). A row's ids and logprobs are then a function of its
-input ids, its seed, the weights and torch's thread count only. The cost is throughput (BENCHMARKS.md).
+its batch: the gemm kernel BLAS picks follows the row count, and the left padding (set by the longest row) shifts the
+reduction order of attention. So the model runs batch-invariant kernels (`invariant.py`: every Linear computes a
+fixed row count, `max_batch_size`, zero-padded; a one-token query attends row by row over exactly its own keys),
+each row is prefilled alone (chunked at `prefill_chunk_tokens`) and then decoded in the shared batch, its sampler
+is seeded by the request's `SamplingParams.seed` alone, and the prefix cache is off (whether a turn hits it depends
+on eviction, i.e. timing, and a reused prefix computed by decode steps differs in the last bits from a fresh
+prefill). A row's ids and logprobs are then a function of its input ids, its seed, the weights, `max_batch_size`
+and torch's thread count only. The cost: prefill one row at a time, every decode step computes `max_batch_size`
+rows, and one attention call per row (BENCHMARKS.md).
 
 LoRA adapters (`load_adapter(path, version)`): the adapter's deltas are added to the base weights of the layers it
 adapts (the pre-adapter weights of those layers are kept), replacing the previous adapter; see `lora.py`.
@@ -58,6 +61,7 @@ from typing import Any
 import torch
 
 from agentrl.engine.batch_cache import PrefixCache, RunningBatch, cache_from_prefixes, new_prefill_cache
+from agentrl.engine.invariant import fix_linear_rows, use_rowwise_attention
 from agentrl.engine.models import resolve_model, validate_checkpoint_dir
 from agentrl.engine.sampling import sample
 from agentrl.errors import ConfigError, EngineError, EngineUnavailableError
@@ -122,7 +126,8 @@ class LocalEngine:
     for more to share its prefill. `seed`: with it (or `SamplingParams.seed`) sampling is reproducible per
     (session_id, call index). `num_threads`: sets torch's process-wide intra-op threads (default: torch's choice).
     `prefix_cache_mb`: memory for per-session KV reuse across turns (0 turns it off). `deterministic`: the
-    batch-invariant path of the module docstring (every row alone, request-seeded, no prefix cache).
+    batch-invariant path of the module docstring (invariant kernels, rows prefilled alone, request-seeded, no prefix
+    cache).
     `engine.model` is the live module (colocated trainers may share it; see `update_weights`).
     """
 
@@ -155,6 +160,9 @@ class LocalEngine:
         self.device = torch.device(device)
         with _LOAD_LOCK:
             self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
+        if deterministic:
+            use_rowwise_attention(self.model)
+            fix_linear_rows(self.model, max_batch_size)
         self.vocab_size = int(self.model.config.get_text_config().vocab_size)
         self.eos_token_ids = _eos_ids(self.model)
         self._context_window = _context_window(self.model, context_window)
@@ -174,7 +182,6 @@ class LocalEngine:
         self._updates: collections.deque[_Update] = collections.deque()
         self._closed = False
         self._batch = RunningBatch()
-        self._solo: list[RunningBatch] = []  # deterministic mode: one single-row batch per row
         self._prefix = PrefixCache(0 if deterministic else prefix_cache_mb * 2**20)
         self._thread = threading.Thread(target=self._run, name="agentrl-local-engine", daemon=True)
         self._thread.start()
@@ -287,6 +294,7 @@ class LocalEngine:
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "deterministic": self.deterministic,
+            "max_batch_size": self.max_batch_size,  # deterministic mode: the fixed row count of every Linear
             "threads": torch.get_num_threads(),
         }
 
@@ -373,13 +381,11 @@ class LocalEngine:
                 if admitted:
                     self._prefill(admitted)
                 self._batch = self._drop_cancelled(self._batch)
-                self._solo = [self._drop_cancelled(b) for b in self._solo]
                 if self._batch.rows:
                     self._batch = self._decode(self._batch)
-                self._solo = [b for b in (self._decode(b) for b in self._solo if b.rows) if b.rows]
             except Exception as exc:  # noqa: BLE001 - a failed forward (OOM, bad input) fails its rows, never the loop
                 failed = list(dict.fromkeys(admitted + self._rows()))
-                self._batch, self._solo = RunningBatch(), []
+                self._batch = RunningBatch()
                 for row in failed:
                     _deliver(row, exception=EngineError(f"local engine step failed: {exc!r}"))
         return True
@@ -448,15 +454,15 @@ class LocalEngine:
             params[name].copy_(base + deltas[name].to(base.device, base.dtype) if name in deltas else base)
 
     def _rows(self) -> list[_Row]:
-        """Every row being decoded (shared batch and, in deterministic mode, the single-row batches)."""
-        return self._batch.rows + [r for b in self._solo for r in b.rows]
+        """Every row being decoded."""
+        return self._batch.rows
 
     def _prefill(self, rows: list[_Row]) -> None:
         """Admit `rows`: take their sessions' cached prefixes, then prefill cache hits and misses as two groups
-        (deterministic mode: every row alone, into its own batch)."""
+        (deterministic mode: every row alone, then into the shared batch)."""
         if self.deterministic:
-            fresh = (self._prefill_group([row], [[]], [0], into=RunningBatch()) for row in rows)
-            self._solo += [b for b in fresh if b.rows]
+            for row in rows:
+                self._batch = self._prefill_group([row], [[]], [0], into=self._batch)
             return
         taken = [self._prefix.take(r.session_id, r.input_ids) for r in rows]
         for hit in (False, True):
@@ -566,7 +572,7 @@ class LocalEngine:
             updates = list(self._updates)
             self._pending.clear()
             self._updates.clear()
-            self._batch, self._solo = RunningBatch(), []
+            self._batch = RunningBatch()
         for row in rows:
             _deliver(row, exception=exc)
         for update in updates:

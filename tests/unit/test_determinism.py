@@ -39,7 +39,7 @@ async def test_a_rows_ids_and_logprobs_do_not_depend_on_its_batch(tiny_model_pat
             gens = await _staggered(eng, [*others, target], [rnd.randrange(1000) for _ in others] + [seed], delays)
             assert gens[-1].output_ids == alone.output_ids
             assert gens[-1].logprobs == alone.logprobs  # bit for bit, not approximately
-        assert eng.stats.max_batch_rows == 1  # every forward pass carried exactly one row
+        assert eng.stats.max_batch_rows > 1  # decoded in a shared batch, not one row per forward pass
     finally:
         await eng.close()
 
