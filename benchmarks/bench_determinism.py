@@ -2,7 +2,7 @@
 
 Throughput: N concurrent single-turn requests (~200-token chat prompts, temperature 0.7, seeded) and N 3-turn
 trajectories (each turn's input = previous input + reply + ~60 observation tokens), default engine (continuous
-batching + prefix cache) vs `deterministic=True` (every row alone, no prefix cache). Batch invariance: N greedy
+batching + prefix cache) vs `deterministic=True` (rows decoded together with batch-invariant kernels, each row prefilled alone, no prefix cache). Batch invariance: N greedy
 requests sent together vs each sent alone: how many rows have bit-identical logprobs (and identical ids).
 
     python benchmarks/bench_determinism.py [--model PATH] [--concurrency 1,8] [--new-tokens 64] [--threads N]
