@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +69,15 @@ def _train(config: Path, nproc: int) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+def runs(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, Path]]:
     root = tmp_path_factory.mktemp("dist")
     out = {}
     for nproc in (1, 2):
         out[nproc] = root / f"nproc{nproc}"
         _train(_demo_job(out[nproc], smollm2_path), nproc)
-    return out
+    yield out
+    for run in out.values():  # ~3 GB of checkpoints per run, kept by pytest's module temp dir otherwise
+        shutil.rmtree(run / "checkpoints", ignore_errors=True)
 
 
 @pytest.mark.timeout(3000)
