@@ -257,7 +257,7 @@ def make_sglang_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path
     from transformers import AutoTokenizer
 
     from agentrl.engine.models import resolve_model
-    from agentrl.engine.sglang import SGLangEngine, checkpoint_facts, read_tokenizer_path
+    from agentrl.engine.sglang import SGLangEngine, read_tokenizer_path
 
     e = cfg.engine
     if e.model is not None:
@@ -269,14 +269,20 @@ def make_sglang_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path
                               "pass --model with a local copy of the served checkpoint (engine.model)")
         path = Path(served)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    eos, window = checkpoint_facts(path)
-    engine = SGLangEngine(
-        urls=e.urls, router_url=e.router_url, eos_token_ids=eos, context_window=e.context_window or window,
-        model_path=str(path), max_connections=e.max_connections, request_timeout_s=e.request_timeout_s,
-        connect_timeout_s=e.connect_timeout_s, control_timeout_s=e.control_timeout_s, retries=e.retries,
-        retry_backoff_s=e.retry_backoff_s, weight_update=e.weight_update, max_sessions=e.max_sessions,
-        deterministic=cfg.deterministic)
+    engine = SGLangEngine(router_url=e.router_url, weight_update=e.weight_update, deterministic=cfg.deterministic,
+                          **_http_engine_kwargs(e, path))
     return engine, tokenizer, path
+
+
+def _http_engine_kwargs(e: Any, path: Path) -> dict[str, Any]:
+    """What every HTTP engine takes from `engine:` and the local copy of the served checkpoint."""
+    from agentrl.engine.sglang import checkpoint_facts
+
+    eos, window = checkpoint_facts(path)
+    return dict(urls=e.urls, eos_token_ids=eos, context_window=e.context_window or window, model_path=str(path),
+                max_connections=e.max_connections, request_timeout_s=e.request_timeout_s,
+                connect_timeout_s=e.connect_timeout_s, control_timeout_s=e.control_timeout_s, retries=e.retries,
+                retry_backoff_s=e.retry_backoff_s, max_sessions=e.max_sessions)
 
 
 def make_vllm_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path]:
@@ -285,7 +291,6 @@ def make_vllm_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path]:
     from transformers import AutoTokenizer
 
     from agentrl.engine.models import resolve_model
-    from agentrl.engine.sglang import checkpoint_facts
     from agentrl.engine.vllm import VLLMEngine, read_served_model
 
     e = cfg.engine
@@ -299,12 +304,7 @@ def make_vllm_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path]:
                               "pass --model with a local copy of the served checkpoint (engine.model)")
         path = Path(root)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    eos, window = checkpoint_facts(path)
-    engine = VLLMEngine(
-        urls=e.urls, eos_token_ids=eos, context_window=e.context_window or window, model_path=str(path),
-        served_model=served, max_connections=e.max_connections, request_timeout_s=e.request_timeout_s,
-        connect_timeout_s=e.connect_timeout_s, control_timeout_s=e.control_timeout_s, retries=e.retries,
-        retry_backoff_s=e.retry_backoff_s, pause_mode=e.pause_mode, max_sessions=e.max_sessions)
+    engine = VLLMEngine(served_model=served, pause_mode=e.pause_mode, **_http_engine_kwargs(e, path))
     return engine, tokenizer, path
 
 

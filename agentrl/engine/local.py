@@ -235,12 +235,7 @@ class LocalEngine:
         state = await self._state_from(source)
         loop = asyncio.get_running_loop()
         update = _Update(state=state, version=version, loop=loop, future=loop.create_future())
-        with self._cond:
-            if self._closed:
-                raise EngineUnavailableError("local engine is closed")
-            self._updates.append(update)
-            self._cond.notify()
-        await update.future
+        await self._apply(update)
 
     async def load_adapter(self, path: str | os.PathLike[str], version: int, *, name: str | None = None) -> None:
         """Apply the PEFT LoRA adapter saved at `path` on top of the base weights and tag later generations `version`.
@@ -262,6 +257,10 @@ class LocalEngine:
         loop = asyncio.get_running_loop()
         update = _Update(state=None, version=version, loop=loop, future=loop.create_future(), deltas=deltas,
                          adapter=name or str(path))
+        await self._apply(update)
+
+    async def _apply(self, update: _Update) -> None:
+        """Queue a weight update for the worker (it drains rows in flight first) and wait until it is applied."""
         with self._cond:
             if self._closed:
                 raise EngineUnavailableError("local engine is closed")

@@ -325,11 +325,6 @@ class DockerBackend:
 
     # ------------------------------------------------------------------ resource separation
 
-    @property
-    def resources_separated(self) -> bool | None:
-        """Whether sandboxes get the separated cgroup layout (module docstring); None until the first create."""
-        return (self._limiter is not None) if self._separation_checked else None
-
     async def _separation(self, api: Any) -> limits.Limiter | None:
         """The limiter that creates the separated cgroups, or None (then why is logged once)."""
         if not self._separation_checked:

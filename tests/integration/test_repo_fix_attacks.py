@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from agentrl_repo_fix import RepoFixEnv, trees
-from agentrl_repo_fix.lockfile import ensure_venv, fetch_sdist, load_lockfile
 
 from agentrl.sandbox import SandboxPool
 
@@ -101,10 +100,7 @@ ATTACKS = {
 @pytest.fixture(scope="module")
 def env() -> RepoFixEnv:
     env = RepoFixEnv(packages=[PACKAGE])
-    lock = load_lockfile()
-    (pkg,) = lock.select([PACKAGE])
-    fetch_sdist(pkg, env.cache)
-    ensure_venv(lock, pkg, env.cache)
+    env.prepare(say=lambda _: None)  # the package's sdist and test venv, as `envs check` fetches them
     return env
 
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from agentrl_repo_fix import RepoFixEnv
-from agentrl_repo_fix.lockfile import ensure_venv, fetch_sdist, load_lockfile
 
 from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
 from agentrl.sandbox import SandboxPool
@@ -31,10 +30,7 @@ PACKAGE = "inflection"
 @pytest.fixture(scope="module")
 def env() -> RepoFixEnv:
     env = RepoFixEnv(packages=[PACKAGE])
-    lock = load_lockfile()
-    (pkg,) = lock.select([PACKAGE])
-    fetch_sdist(pkg, env.cache)
-    ensure_venv(lock, pkg, env.cache)
+    env.prepare(say=lambda _: None)  # the package's sdist and test venv, as `envs check` fetches them
     return env
 
 
