@@ -76,6 +76,7 @@ import ctypes
 import errno
 import json
 import os
+import queue
 import select
 import selectors
 import signal
@@ -322,6 +323,26 @@ def remove_sysv_ipc(libc: ctypes.CDLL, uid: int) -> int:
         if switch and libc.syscall(nr, -1, 0, -1) != 0:  # pragma: no cover - euid 0 is the thread's saved uid
             os._exit(70)  # a thread stuck as the command user must not serve another request
     return removed
+
+
+def kill_all_as(libc: ctypes.CDLL, uid: int) -> bool:
+    """kill(-1, SIGKILL) from this thread alone as `uid`: real and effective uid `uid` (raw setresuid, so the other
+    threads keep uid 0; the effective capabilities, CAP_KILL included, drop with euid 0), saved uid 0 to come back.
+    kill(-1) then reaches every process whose real or saved uid is `uid` (never the agent: the caller's own thread
+    group is spared) in one pass of the kernel. False when this cannot be done here (not root, unknown syscall)."""
+    nr = _SYS_SETRESUID.get(os.uname().machine)
+    if nr is None or os.geteuid() != 0 or uid == 0:
+        return False
+    if libc.syscall(nr, uid, uid, 0) != 0:
+        return False
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:  # ESRCH: no process of that uid is left
+        pass
+    finally:
+        if libc.syscall(nr, 0, 0, 0) != 0:  # pragma: no cover - uid 0 is the thread's saved uid
+            os._exit(70)  # a thread stuck as the command user must not serve another request
+    return True
 
 
 # ---------------------------------------------------------------- paths
@@ -787,6 +808,85 @@ setup()
 sock.sendall(b"R")
 serve()
 '''
+# The relay's program (kubernetes: the agent in a container of its own, `--relay NAME`), run as
+# `python3 -I -S -c RELAY_SOURCE NAME`: the main process of the sandbox container, uid 0 with only CAP_SETUID and
+# CAP_SETGID (what the spawner needs to become the command user), in that container's cgroup, i.e. under the
+# sandbox's limits. It listens on the abstract unix socket NAME (scoped to the pod's network namespace) and serves
+# only peers of its own uid (SO_PEERCRED: the agent; commands run as another uid and are refused). A request:
+# 4 bytes of length, then a NUL-separated argv. It forks, puts one end of a fresh socketpair at fd 3 of the child
+# (stdin and stdout /dev/null) and execs argv there; the answer is 8 bytes, the child's pid (or -errno when the fork
+# failed: the commands' pids are full), with the other end of the socketpair attached (SCM_RIGHTS). Its children
+# are reaped by the kernel (SIGCHLD ignored); their orphans go to the pod's pause process.
+RELAY_SOURCE = r"""# agentrl relay
+import os, sys, _signal, _socket
+name, me = sys.argv[1], os.getuid()
+_signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
+srv = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+srv.bind("\0" + name)
+srv.listen(16)
+
+
+def recv_exactly(conn, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return buf
+
+
+def child(b, argv):
+    try:
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+        if b != 3:
+            os.dup2(b, 3)
+        os.set_inheritable(3, True)
+        null = os.open("/dev/null", os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.closerange(4, 1 << 16)
+        os.execvp(argv[0], argv)
+    finally:
+        os._exit(127)
+
+
+def serve(conn):
+    cred = conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+    if int.from_bytes(cred[4:8], sys.byteorder) != me:
+        return
+    conn.settimeout(5)
+    n = int.from_bytes(recv_exactly(conn, 4), "little")
+    if not 0 < n <= 1 << 20:
+        return
+    argv = [a.decode("utf-8", "surrogateescape") for a in recv_exactly(conn, n).split(b"\0")]
+    a, b = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        try:
+            pid = os.fork()
+        except OSError as e:
+            conn.sendall((-(e.errno or 11)).to_bytes(8, "little", signed=True))
+            return
+        if pid == 0:
+            child(b.fileno(), argv)
+        anc = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, a.fileno().to_bytes(4, sys.byteorder))]
+        conn.sendmsg([pid.to_bytes(8, "little", signed=True)], anc)
+    finally:
+        a.close()
+        b.close()
+
+
+while True:
+    fd, _ = srv._accept()
+    conn = _socket.socket(fileno=fd)
+    try:
+        serve(conn)
+    except (OSError, EOFError):
+        pass
+    finally:
+        conn.close()
+"""
+RELAY_TIMEOUT_S = 10.0  # connecting to the relay and getting its answer
 SPAWNER_START_TIMEOUT_S = 30.0  # a spawner not ready by then (or by the exec's deadline) is treated as gone
 STATUS_GRACE_S = 1.0  # after a command exited, how long its exit code may take to come from the spawner
 _SPAWNED, _EXITED = 1, 2
@@ -888,6 +988,14 @@ class _Link:
         self.proc.returncode = -signal.SIGKILL  # the reaper reaps it; Popen must never waitpid this pid again
 
 
+class _Remote:
+    """The Popen-like face of a spawner the relay started in the sandbox container (not the agent's child)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+
 class _Spawned:
     """The Popen-like face of a command started by the spawner: pid, a pidfd (when the kernel has them), the
     agent's ends of its pipes, and the spawner (`link`) that reports its exit code."""
@@ -910,9 +1018,10 @@ class Spawner:
     or read its memory (non-dumpable) nor reach its socket (a socketpair only the agent holds; every other fd
     closed). /kill_all kills it with the rest."""
 
-    def __init__(self, identity: Identity, cgroup: CommandCgroup, reaper: "Reaper") -> None:
+    def __init__(self, identity: Identity, cgroup: CommandCgroup, reaper: "Reaper", relay: str | None = None) -> None:
         self._ids = (identity.uid, identity.gid) if identity.separated else (-1, -1)
         self._identity, self._cgroup, self._reaper = identity, cgroup, reaper
+        self._relay = relay  # started by the relay in the sandbox container (kubernetes), not as our child
         self._lock = threading.Lock()  # one request at a time; guards _link
         self._cond = threading.Condition()  # what the reader threads learn
         self._link: _Link | None = None
@@ -932,20 +1041,7 @@ class Spawner:
             if self._link is not None:
                 self._link.discard()
                 self._link = None
-            a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            argv = self._cgroup.wrap([sys.executable, "-I", "-S", "-c", SPAWNER_SOURCE, str(b.fileno()),
-                                      *map(str, self._ids)])
-            try:
-                proc = self._cgroup.start(lambda: subprocess.Popen(
-                    argv, pass_fds=(b.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                    close_fds=True))
-            except OSError as e:
-                a.close()
-                if e.errno in (errno.EAGAIN, errno.ENOMEM):  # the commands' pids or memory are full: this exec's
-                    raise                                      # failure (as Popen's would be), not the spawner's
-                raise SpawnerUnusable(f"cannot start {sys.executable!r}: {e}") from None
-            finally:
-                b.close()
+            a, proc = self._start_relayed(deadline) if self._relay else self._start_child()
             link = _Link(a, proc, self._cond)
             try:
                 a.settimeout(max(min(deadline, time.monotonic() + SPAWNER_START_TIMEOUT_S) - time.monotonic(),
@@ -960,8 +1056,68 @@ class Spawner:
                 if ready.startswith(b"F"):
                     raise SpawnerUnusable(ready[1:].decode(errors="replace"))
                 raise SpawnerLost("the command spawner did not start (killed, stopped or out of memory)")
-            link.start_reader()
+            try:
+                link.start_reader()
+            except RuntimeError:  # no thread can start: the pids the agent shares with the commands are full
+                link.discard()
+                raise OSError(errno.EAGAIN, "cannot start a thread (the pod's pids are full)") from None
             self._link = link
+
+    def _start_child(self) -> "tuple[socket.socket, subprocess.Popen]":
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        argv = self._cgroup.wrap([sys.executable, "-I", "-S", "-c", SPAWNER_SOURCE, str(b.fileno()),
+                                  *map(str, self._ids)])
+        try:
+            return a, self._cgroup.start(lambda: subprocess.Popen(
+                argv, pass_fds=(b.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True))
+        except OSError as e:
+            a.close()
+            if e.errno in (errno.EAGAIN, errno.ENOMEM):  # the commands' pids or memory are full: this exec's
+                raise                                      # failure (as Popen's would be), not the spawner's
+            raise SpawnerUnusable(f"cannot start {sys.executable!r}: {e}") from None
+        finally:
+            b.close()
+
+    def _start_relayed(self, deadline: float) -> "tuple[socket.socket, _Remote]":
+        """Ask the relay (RELAY_SOURCE, the sandbox container's main process) to start a spawner there: in that
+        container's cgroup, under the sandbox's limits, as its child. The relay must be of our uid (SO_PEERCRED): a
+        command that bound the name after the relay died is not. Raises OSError (EAGAIN: the commands' pids are
+        full) or SpawnerLost (the relay is gone: the sandbox container died, e.g. by the commands' memory limit)."""
+        argv = ["python3", "-I", "-S", "-c", SPAWNER_SOURCE, "3", *map(str, self._ids)]
+        data = b"\0".join(os.fsencode(x) for x in argv)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        fds: list[int] = []
+        try:
+            conn.settimeout(max(min(deadline - time.monotonic(), RELAY_TIMEOUT_S), 0.001))
+            conn.connect("\0" + self._relay)
+            cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+            if int.from_bytes(cred[4:8], sys.byteorder) != os.getuid():
+                raise SpawnerLost("the relay's socket is held by a process of another uid (the sandbox container's "
+                                  "relay is gone and a command took its name)")
+            conn.sendall(len(data).to_bytes(4, "little") + data)
+            msg, anc, _, _ = conn.recvmsg(8, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC)
+            fds = [fd for level, kind, raw in anc if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                   for fd in array.array("i", raw[:len(raw) - len(raw) % 4])]
+            while 0 < len(msg) < 8:
+                more = conn.recv(8 - len(msg))
+                if not more:
+                    break
+                msg += more
+        except OSError as e:
+            _close(tuple(fds))
+            raise SpawnerLost(f"the relay in the sandbox container does not answer ({e}): the container is gone "
+                              "(killed by the commands' memory limit, or its main process by the commands)") from None
+        finally:
+            conn.close()
+        pid = int.from_bytes(msg, "little", signed=True) if len(msg) == 8 else 0
+        if pid < 0:
+            _close(tuple(fds))
+            raise OSError(-pid, os.strerror(-pid))
+        if pid == 0 or not fds:
+            _close(tuple(fds))
+            raise SpawnerLost("the relay in the sandbox container closed the connection without starting a spawner")
+        _close(tuple(fds[1:]))
+        return socket.socket(fileno=fds[0]), _Remote(pid)
 
     def spawn(self, run: "ExecRun", deadline: float) -> _Spawned:
         """Start `run`'s command through the spawner: its pid and pidfd and the agent's pipe ends. Raises OSError
@@ -995,6 +1151,8 @@ class Spawner:
         spawner's answer), adopted by the reaper: a child of the agent (where the kernel re-parents the dead
         spawner's children) that holds the write end of its stdout pipe, or, once it exited, the one session leader
         the reaper reaped that started since the request. None when neither shows up within STATUS_GRACE_S / 4."""
+        if self._relay:  # its orphans go to the pod's pause process, never to the agent
+            return None
         end = time.monotonic() + STATUS_GRACE_S / 4
         self._reaper.expect_orphans(STATUS_GRACE_S / 4)
         while True:
@@ -1227,7 +1385,7 @@ class Agent:
 
     def __init__(self, workspace: str, identity: Identity | None = None, writable: tuple[str, ...] = (),
                  cgroup: CommandCgroup | None = None, libc: ctypes.CDLL | None = None, *,
-                 exit_grace_s: float = EXIT_GRACE_S) -> None:
+                 exit_grace_s: float = EXIT_GRACE_S, relay: str | None = None) -> None:
         self.workspace = os.path.realpath(workspace)
         self.exit_grace_s = exit_grace_s
         self.writable = tuple(os.path.realpath(d) for d in writable)
@@ -1238,9 +1396,11 @@ class Agent:
         self._lock = threading.Lock()
         self._reaper = Reaper()
         self._kill_lock = threading.Lock()
-        # separated (by uid or by cgroup): commands start through a fork server that is already where they belong
-        self._spawner = Spawner(self.identity, self.cgroup, self._reaper) \
-            if self.identity.separated or self.cgroup.enabled else None
+        self.relay = relay  # commands run in another container (kubernetes): only through the relay's spawner
+        # separated (by uid, by cgroup or by container): commands start through a fork server that is already where
+        # they belong
+        self._spawner = Spawner(self.identity, self.cgroup, self._reaper, relay) \
+            if self.identity.separated or self.cgroup.enabled or relay else None
 
     def dispatch(self, method: str, path: str, body: bytes) -> dict:
         routes = {("GET", "/health"): self.health, ("POST", "/exec"): self.exec, ("POST", "/write"): self.write,
@@ -1255,7 +1415,7 @@ class Agent:
         return {"ok": True, "pid": os.getpid(), "version": VERSION, "workspace": self.workspace,
                 "writable": list(self.writable),
                 "uid_separated": self.identity.separated, "command_uid": self.identity.uid,
-                "resources_separated": self.cgroup.enabled}
+                "resources_separated": self.cgroup.enabled or self.relay is not None}
 
     def exec(self, req: dict) -> dict:
         argv = _argv(req.get("cmd"))
@@ -1310,6 +1470,8 @@ class Agent:
                 self._reaper.adopt(proc.pid)  # its exit code, should the policy kill the spawner meanwhile
                 return proc
             except SpawnerUnusable as e:
+                if self.relay:  # no fallback: a command started here would run in the agent's own container
+                    raise HTTPError(500, f"the command spawner cannot start in the sandbox container: {e}") from None
                 print(f"agent: the command spawner cannot work here ({e}); commands start through setpriv",
                       file=sys.stderr, flush=True)
                 spawner.unusable = True
@@ -1432,8 +1594,12 @@ class Agent:
                 time.sleep(0.001)  # let the kernel finish the killed processes before looking again
 
     def _signal_all_as_command_user(self) -> None:
-        """kill(-1, SIGKILL) from a child that became the command user: it reaches every process of that uid in
-        this pid namespace at once (so a process forking in a loop cannot outrun it) and nothing else."""
+        """kill(-1, SIGKILL) as the command user: it reaches every process of that uid in this pid namespace at once
+        (so a process forking in a loop cannot outrun it) and nothing else. From this thread alone (raw setresuid),
+        so no fork is needed (a pids limit the agent shares with the commands, a pod's, may be full); from a forked
+        child where that cannot be done."""
+        if self._libc is not None and kill_all_as(self._libc, self.identity.uid):
+            return
         self._reaper.wait(self._reaper.spawn(self._fork_killer))
 
     def _fork_killer(self) -> int:
@@ -1580,6 +1746,8 @@ MAX_HEAD = 16 * 1024  # request line + headers
 MAX_HEADERS = 64
 MAX_PENDING = 128  # connections still sending their first request head; beyond it the oldest is dropped
 MAX_WORKERS = 32  # authorized connections served at once, one thread each; beyond it new ones get 503
+PARKED_WORKERS = 4  # worker threads started up front and kept between connections: served even when no thread can
+#                    start (a pod's pids limit, which the agent shares with the commands, is full)
 HANDSHAKE_TIMEOUT_S = 10.0  # a new connection must send a complete first request head within this
 IDLE_TIMEOUT_S = 300.0  # an authorized keep-alive connection silent this long is closed (the client reuses < 60 s)
 ACCEPTS_PER_ROUND = 64
@@ -1806,6 +1974,11 @@ class Acceptor:
         self.pending: dict[socket.socket, tuple[bytearray, float, bool]] = {}  # in accept order; bool: local
         self.workers = 0
         self._lock = threading.Lock()
+        self._jobs: "queue.SimpleQueue[tuple[socket.socket, _Reader, _Head]]" = queue.SimpleQueue()
+        self.parked = 0  # parked worker threads waiting for a connection (_jobs)
+        for _ in range(PARKED_WORKERS):
+            threading.Thread(target=self._parked, name="agent-worker", daemon=True).start()
+            self.parked += 1
 
     def serve_forever(self) -> None:
         self.sock.setblocking(False)
@@ -1887,13 +2060,19 @@ class Acceptor:
             return
         with self._lock:
             full = self.workers >= MAX_WORKERS
+            parked = not full and self.parked > 0
             if not full:
                 self.workers += 1
+            if parked:
+                self.parked -= 1
         if full:
             _refuse(conn, HTTPError(503, f"the agent serves {MAX_WORKERS} connections already"))
             return
         conn.setblocking(True)
         conn.settimeout(IDLE_TIMEOUT_S)
+        if parked:
+            self._jobs.put((conn, reader, head))
+            return
         try:
             threading.Thread(target=self._work, args=(conn, reader, head), daemon=True).start()
         except RuntimeError:  # no thread can be started (pids limit): answer and drop
@@ -1905,6 +2084,19 @@ class Acceptor:
             serve_connection(conn, self.agent, self.token, reader, head)
         finally:
             self._done()
+
+    def _parked(self) -> None:
+        """A worker kept for the agent's life: serves one connection after another (handed over by _admit)."""
+        while True:
+            conn, reader, head = self._jobs.get()
+            try:
+                serve_connection(conn, self.agent, self.token, reader, head)
+            except Exception:  # serve_connection answers errors itself; never lose this thread
+                pass
+            finally:
+                with self._lock:
+                    self.workers -= 1
+                    self.parked += 1
 
     def _done(self) -> None:
         with self._lock:
@@ -1962,10 +2154,10 @@ def _token(opts: dict[str, str]) -> str | None:
 
 
 USAGE = ("usage: agent.py (--unix PATH | --tcp HOST:PORT [--token-file FILE]) --workspace DIR [--run-as UID:GID] "
-         "[--writable DIR[:DIR...]] [--cgroups v1:DIR[:DIR...] | v2:DIR] [--exit-grace SECONDS] "
+         "[--writable DIR[:DIR...]] [--cgroups v1:DIR[:DIR...] | v2:DIR | --relay NAME] [--exit-grace SECONDS] "
          "[--handshake-timeout SECONDS]")
 OPTIONS = ("--unix", "--tcp", "--token-file", "--workspace", "--run-as", "--writable", "--cgroups", "--exit-grace",
-           "--handshake-timeout")
+           "--handshake-timeout", "--relay")
 
 
 def _parse(argv: list[str] | None) -> dict[str, str]:
@@ -1975,7 +2167,8 @@ def _parse(argv: list[str] | None) -> dict[str, str]:
     if len(args) % 2 or any(k not in OPTIONS for k in args[::2]):
         sys.exit(USAGE)
     opts = dict(zip(args[::2], args[1::2]))
-    if ("--unix" in opts) == ("--tcp" in opts) or "--workspace" not in opts:
+    if ("--unix" in opts) == ("--tcp" in opts) or "--workspace" not in opts or ("--relay" in opts and (
+            "--cgroups" in opts or not opts["--relay"])):
         sys.exit(USAGE)
     return opts
 
@@ -2016,7 +2209,7 @@ def main(argv: list[str] | None = None) -> int:
     libc = _prctl_setup()
     identity.setup(libc, opts["--workspace"], writable)
     agent = Agent(opts["--workspace"], identity, writable, CommandCgroup(opts.get("--cgroups")), libc,
-                  exit_grace_s=_seconds(opts, "--exit-grace", EXIT_GRACE_S))
+                  exit_grace_s=_seconds(opts, "--exit-grace", EXIT_GRACE_S), relay=opts.get("--relay"))
     sock = _listen(opts)
     acceptor = Acceptor(sock, agent, token,
                         handshake_timeout_s=_seconds(opts, "--handshake-timeout", HANDSHAKE_TIMEOUT_S))

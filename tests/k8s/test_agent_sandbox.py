@@ -56,8 +56,8 @@ async def test_template_changes_are_applied_and_dead_owner_claims_swept(fake_clu
     bigger = fake_cluster.spec.model_copy(update={"memory": "256m"})
     second = fake_cluster.backend(control_plane="agent-sandbox", warm=1)
     handle = await second.create(bigger, {})
-    limits = fake.get(TEMPLATES, "agentrl", fake_cluster.pool)["spec"]["podTemplate"]["spec"]["containers"][0][
-        "resources"]["limits"]
+    containers = fake.get(TEMPLATES, "agentrl", fake_cluster.pool)["spec"]["podTemplate"]["spec"]["containers"]
+    limits = next(c for c in containers if c["name"] == "sandbox")["resources"]["limits"]
     assert limits["memory"] == "256Mi"
     assert await second.sweep() == 1  # the dead process's claim; the live one stays
     assert [c["metadata"]["name"] for c in fake.objects(CLAIMS, "agentrl")] == [handle.id]

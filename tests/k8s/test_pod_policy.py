@@ -79,7 +79,8 @@ def assert_policy(pod: dict, spec: SandboxSpec) -> None:
     assert psc["runAsNonRoot"] is True and psc["runAsUser"] != 0 and psc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert "fsGroup" not in psc, "fsGroup would put the agent in the command group and make the token group-readable"
     containers = s["initContainers"] + s["containers"]
-    assert len(s["containers"]) == 1
+    assert [c["name"] for c in s["containers"]] == ["agentrl-agent", "sandbox"]
+    assert s["shareProcessNamespace"] is True  # the agent sees and kills the commands in the other container
     for c in containers:
         sc = c["securityContext"]
         assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False  # no_new_privs for all
@@ -90,19 +91,28 @@ def assert_policy(pod: dict, spec: SandboxSpec) -> None:
     # exactly CHOWN, KILL, SETGID, SETUID and runs every command as 1000:1000 (--run-as)
     init_sc = s["initContainers"][0]["securityContext"]
     assert init_sc["runAsUser"] == 0 and init_sc["capabilities"] == {"drop": ["ALL"]}
-    main = s["containers"][0]
-    assert main["securityContext"]["runAsUser"] == 0 and main["securityContext"]["runAsNonRoot"] is False
-    assert sorted(main["securityContext"]["capabilities"]["add"]) == ["CHOWN", "KILL", "SETGID", "SETUID"]
-    run_as = main["command"][main["command"].index("--run-as") + 1]
-    assert run_as == f"{psc['runAsUser']}:{psc['runAsGroup']}" and not run_as.startswith("0:")
+    agent, main = s["containers"]
+    assert agent["securityContext"]["runAsUser"] == 0 and agent["securityContext"]["runAsNonRoot"] is False
+    assert sorted(agent["securityContext"]["capabilities"]["add"]) == ["CHOWN", "KILL", "SETGID", "SETUID"]
+    run_as = agent["command"][agent["command"].index("--run-as") + 1]
+    # the pod's own uid is the pause container's (pid 1 of the shared pid namespace): never the command user's
+    assert run_as == "1000:1000" and psc["runAsUser"] not in (0, 1000) and psc["runAsGroup"] not in (0, 1000)
+    relay = agent["command"][agent["command"].index("--relay") + 1]
+    # the commands' container runs the relay as root with only what the spawner needs to become the command user
+    assert main["command"][:4] == ["python3", "-I", "-S", "-c"] and main["command"][-1] == relay
+    assert main["securityContext"]["runAsUser"] == 0 and sorted(main["securityContext"]["capabilities"]["add"]) == [
+        "SETGID", "SETUID"]
     volumes = {v["name"]: v for v in s["volumes"]}
     assert not any("hostPath" in v for v in s["volumes"])
-    main = s["containers"][0]
-    mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
+    mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
     assert "emptyDir" in volumes[mounts["/workspace"]["name"]] and "emptyDir" in volumes[mounts["/tmp"]["name"]]
     assert mounts["/agentrl"].get("readOnly") is True
-    assert not any("secret" in volumes[m["name"]] for m in main["volumeMounts"]), "the key is for the init only"
-    assert "exec" not in str(main.get("readinessProbe", {})), "no exec probes either"
+    main_mounts = {m["mountPath"]: m["name"] for m in main["volumeMounts"]}
+    assert "/agentrl" not in main_mounts, "the commands' container never sees the agent's files (its token)"
+    assert all(main_mounts[p] == m["name"] for p, m in mounts.items() if p != "/agentrl"), "the same files"
+    for c in s["containers"]:
+        assert not any("secret" in volumes[m["name"]] for m in c["volumeMounts"]), "the key is for the init only"
+        assert "exec" not in str(c.get("readinessProbe", {})), "no exec probes either"
     labels = pod["metadata"]["labels"]
     assert labels[L_ROLE] == "sandbox" and (labels.get(L_EGRESS) == "allowed") == spec.network
 
@@ -196,6 +206,13 @@ def test_label_values_are_sanitised() -> None:
         "terminated": {"reason": "Error", "exitCode": 137}}}]}}, "signal:9"),
     ({"metadata": {}, "status": {"phase": "Succeeded", "containerStatuses": [{"name": "sandbox", "state": {
         "terminated": {"reason": "Completed", "exitCode": 0}}}]}}, "exited:0"),
+    # two containers: the agent's decides; the commands' container ending (OOM) is no death of the sandbox
+    ({"metadata": {}, "status": {"phase": "Running", "containerStatuses": [
+        {"name": "agentrl-agent", "state": {"running": {}}},
+        {"name": "sandbox", "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}}, None),
+    ({"metadata": {}, "status": {"phase": "Running", "containerStatuses": [
+        {"name": "agentrl-agent", "state": {"terminated": {"reason": "Error", "exitCode": 137}}},
+        {"name": "sandbox", "state": {"running": {}}}]}}, "signal:9"),
 ])
 def test_pod_death_cause(pod: dict | None, cause: str | None) -> None:
     from agentrl.sandbox.kubernetes.pods import death_cause
@@ -206,6 +223,6 @@ def test_the_pod_cpu_request_is_the_sandbox_cpus(cpus: float, pod_request: str) 
     # the scheduler reserves max(init container, containers): a small init container must not raise tiny sandboxes
     pool = _pool(None, None, None, Owner(session="s", host="h", pid=1, pid_start="1"))
     body = pod_spec(SandboxSpec(cpus=cpus), pool.opts, deadline_s=60)
-    init, main = body["initContainers"][0], body["containers"][0]
-    assert main["resources"]["requests"]["cpu"] == pod_request
+    init, main = body["initContainers"][0], body["containers"][1]
+    assert body["containers"][1]["name"] == "sandbox" and main["resources"]["requests"]["cpu"] == pod_request
     assert int(init["resources"]["requests"]["cpu"].rstrip("m")) <= int(pod_request.rstrip("m"))

@@ -238,10 +238,12 @@ async def test_commands_run_as_uid_1000_and_cannot_kill_the_agent(real_cluster: 
     sb = Sandbox(handle, real_cluster.spec)
     try:
         assert (await _run(sb, "id -u")).stdout.strip() == "1000"
-        agent_uid = (await _run(sb, "awk '/^Uid:/ {print $2}' /proc/1/status")).stdout.strip()
-        assert agent_uid != "1000", "the agent runs as the commands' uid: a command can signal it"
-        await _run(sb, "kill -TERM 1; kill -KILL 1; for p in /proc/[0-9]*; do grep -qs agent.py $p/cmdline && "
-                       "kill -KILL ${p#/proc/}; done; true", timeout=10)
+        # the pod's processes as a command sees them (one pid namespace): pid 1 (pause), the agent, the relay
+        uids = (await _run(sb, "for p in 1 $(grep -ls -e 'agen[t].py' -e 'agentrl rela[y]' /proc/[0-9]*/cmdline | "
+                               "cut -d/ -f3); do awk '/^Uid:/ {print $2}' /proc/$p/status; done")).stdout.split()
+        assert len(uids) >= 3 and "1000" not in uids, f"a process of the control plane runs as the commands' uid: {uids}"
+        await _run(sb, "kill -TERM 1; kill -KILL 1; for p in /proc/[0-9]*; do grep -qs -e 'agen[t].py' "
+                       "-e 'agentrl rela[y]' $p/cmdline && kill -KILL ${p#/proc/}; done; true", timeout=10)
         await asyncio.sleep(1)
         assert (await _run(sb, "echo agent-alive")).stdout == "agent-alive\n"
     finally:

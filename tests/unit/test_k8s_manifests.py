@@ -178,14 +178,15 @@ def test_writable_dirs_become_emptydirs_the_agent_serves() -> None:
 
     opts = PodOptions(namespace="ns", pool="p", agent_port=8080, agent_configmap="cm", key_secret="key")
     body = pod_spec(SandboxSpec(disk="64m", writable_dirs=("/repo",)), opts, deadline_s=600)
-    main = body["containers"][0]
-    mount = next(m for m in main["volumeMounts"] if m["mountPath"] == "/repo")
-    volume = next(v for v in body["volumes"] if v["name"] == mount["name"])
-    assert volume["emptyDir"] == {"sizeLimit": "64Mi"} and not mount.get("readOnly")
-    assert main["command"][main["command"].index("--writable") + 1] == "/repo"
+    agent, main = body["containers"]
+    for c in (agent, main):  # the agent serves it, the commands use it: the same volume in both containers
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/repo")
+        volume = next(v for v in body["volumes"] if v["name"] == mount["name"])
+        assert volume["emptyDir"] == {"sizeLimit": "64Mi"} and not mount.get("readOnly")
+    assert agent["command"][agent["command"].index("--writable") + 1] == "/repo"
     plain = pod_spec(SandboxSpec(disk="64m"), opts, deadline_s=600)
     assert "--writable" not in plain["containers"][0]["command"]
-    assert main["resources"]["limits"]["ephemeral-storage"] != plain["containers"][0]["resources"]["limits"][
+    assert main["resources"]["limits"]["ephemeral-storage"] != plain["containers"][1]["resources"]["limits"][
         "ephemeral-storage"], "the writable dir's size is part of the storage limit"
 
 

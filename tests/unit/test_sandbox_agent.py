@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -675,5 +676,205 @@ def test_a_flood_from_inside_cannot_push_out_the_hosts_connection_on_its_way(tmp
     finally:
         for s in flood:
             s.close()
+        proc.kill()
+        proc.wait()
+
+
+# ---------------------------------------------------------------- the agent in a container of its own (kubernetes)
+
+
+@pytest.fixture
+def relayed(tmp_path: Path) -> Iterator[tuple[Sandbox, subprocess.Popen, subprocess.Popen, str, int]]:
+    """The kubernetes layout on one host: the relay (RELAY_SOURCE, the sandbox container's main process) and an agent
+    with --relay NAME and --run-as a uid no other process uses; `python3` on PATH is this interpreter."""
+    if os.geteuid() != 0:
+        pytest.skip("--run-as needs root")
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="agrl-relay-", dir="/tmp"))
+    base.chmod(0o711)
+    uid = 60000 + (os.getpid() + 7) % 5000
+    name = f"agentrl-relay-test-{os.getpid()}"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    relay = subprocess.Popen([sys.executable, "-I", "-S", "-c", agent_mod.RELAY_SOURCE, name], env=env)
+    time.sleep(0.3)
+    proc = _start(["--unix", str(base / "a.sock"), "--workspace", str(base / "ws"), "--run-as", f"{uid}:{uid}",
+                   "--relay", name], env=env)
+    yield _sandbox(base / "a.sock"), proc, relay, name, uid
+    for p in (proc, relay):
+        p.kill()
+        p.wait()
+    subprocess.run(["pkill", "-9", "-U", str(uid)], check=False)
+    subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+ASK_RELAY = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect("\\0" + sys.argv[1])
+argv = b"\\0".join([b"sh", b"-c", b"echo forged"])
+try:
+    s.sendall(len(argv).to_bytes(4, "little") + argv)
+    s.settimeout(5)
+    print("answer", len(s.recv(64)))
+except (ConnectionResetError, BrokenPipeError):
+    print("answer 0")
+"""
+
+
+async def test_relayed_commands_run_in_the_relays_container_and_only_the_agent_may_ask_it(relayed) -> None:
+    """--relay: every command starts through a spawner the relay started (the relay's child, not the agent's: in
+    a pod, in the sandbox container's cgroup); /health says resources_separated; a command (another uid) that asks
+    the relay for a process is refused; /kill_all still kills what commands leave."""
+    sb, proc, relay, name, uid = relayed
+    assert await sb.health() and sb.uid_separated and sb.resources_separated
+    r = await sb.exec("id -u; echo $PPID")
+    who, spawner = r.stdout.split()
+    assert who == str(uid) and _ppid(int(spawner)) == relay.pid, (r, relay.pid, proc.pid)
+    await sb.write_file("ask.py", ASK_RELAY)
+    r = await sb.exec(["python3", "ask.py", name])
+    assert r.stdout == "answer 0\n", r  # refused: the connection closed without an answer
+    await sb.exec("(setsid sh -c 'while :; do sleep 0.05; done' &) ; echo started")
+    assert await sb.kill_all() >= 1 and await sb.kill_all() == 0
+    assert (await sb.exec("echo ok")).stdout == "ok\n" and proc.poll() is None and relay.poll() is None
+    await sb.close()
+
+
+async def test_a_dead_relay_is_a_failed_command_not_an_agent_error(relayed) -> None:
+    """The sandbox container's main process gone (in a pod: killed by the commands' memory limit): each exec is the
+    policy's failed command (a result with a reason), never a 500, and the agent keeps answering."""
+    sb, proc, relay, name, uid = relayed
+    assert (await sb.exec("echo first")).stdout == "first\n"
+    relay.kill()
+    relay.wait()
+    await sb.kill_all()  # the spawner goes too: the next exec needs the relay
+    r = await sb.exec("echo second")
+    assert r.exit_code == 126 and "relay" in r.stderr and r.stdout == "", r
+    assert await sb.health() and proc.poll() is None
+    await sb.close()
+
+
+FAKE_RELAY = """
+import os, socket, sys
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind("\\0" + sys.argv[1])
+srv.listen(4)
+print("bound", flush=True)
+while True:
+    conn, _ = srv.accept()
+    conn.recv(1 << 20)
+    a, b = socket.socketpair()
+    conn.sendmsg([os.getpid().to_bytes(8, "little")], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                         a.fileno().to_bytes(4, sys.byteorder))])
+    b.sendall(b"R")
+    conn.close()
+"""
+
+
+async def test_a_relay_of_another_uid_is_never_trusted(relayed) -> None:
+    """A process of another uid (in a pod: a command, after the relay died) that binds the relay's name and answers
+    like a relay does not get to start the agent's commands: the exec fails as the policy's, nothing runs."""
+    sb, proc, relay, name, uid = relayed
+    relay.kill()
+    relay.wait()
+    python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")  # one the other uid may run
+    if python is None:
+        pytest.skip("no system python3 for a process of another uid")
+    fake = subprocess.Popen([python, "-I", "-S", "-c", FAKE_RELAY, name], user=uid, group=uid,
+                            stdout=subprocess.PIPE)
+    try:
+        assert fake.stdout.readline() == b"bound\n"
+        r = await sb.exec("echo should-not-run")
+        assert r.exit_code == 126 and "another uid" in r.stderr and r.stdout == "", r
+    finally:
+        fake.kill()
+        fake.wait()
+        await sb.close()
+
+
+NO_FORK_KILL = """
+import json, os, signal, subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+import agent
+uid = int(sys.argv[2])
+identity = agent.Identity((uid, uid))
+libc = agent._prctl_setup()
+identity.setup(libc, sys.argv[3])
+a = agent.Agent(sys.argv[3], identity, libc=libc)
+def no_fork():
+    raise OSError(11, "fork refused (the pids limit is full)")
+a._fork_killer = no_fork
+victims = [subprocess.Popen(["sleep", "60"], user=uid, group=uid, start_new_session=True) for _ in range(3)]
+root = subprocess.Popen(["sleep", "60"])  # another uid's process: never touched
+killed = a._kill_leftovers()
+time.sleep(0.2)
+def running(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+print(json.dumps({"killed": killed, "victims": [running(v.pid) for v in victims], "root": running(root.pid),
+                  "euid": os.geteuid()}))
+root.kill()
+"""
+
+
+def test_kill_all_needs_no_fork(tmp_path: Path) -> None:
+    """/kill_all signals every process of the command user from the agent's own thread (raw setresuid there
+    alone), so it works when no process can be forked (a pod's pids limit, shared with the commands, is full), and
+    leaves processes of other uids alone; the agent is uid 0 again afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    uid = 60000 + (os.getpid() + 11) % 5000
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out = subprocess.run([sys.executable, "-I", "-c", NO_FORK_KILL, str(Path(AGENT).parent), str(uid), str(ws)],
+                         capture_output=True, text=True, timeout=60)
+    report = json.loads(out.stdout or "{}") if out.returncode == 0 else out.stderr
+    assert isinstance(report, dict), report
+    assert report["killed"] == 3 and report["victims"] == [False] * 3 and report["root"] is True, report
+    assert report["euid"] == 0, report
+
+
+NO_THREADS = """
+import os, socket, sys, threading
+sys.path.insert(0, sys.argv[1])
+import agent
+os.makedirs(sys.argv[2], exist_ok=True)
+a = agent.Agent(sys.argv[2])
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind(sys.argv[3])
+srv.listen(16)
+acc = agent.Acceptor(srv, a, None)
+def refuse(self):
+    raise RuntimeError("can't start new thread")
+threading.Thread.start = refuse  # from now on no thread can start (a full pids limit)
+print(agent.READY_LINE, flush=True)
+acc.serve_forever()
+"""
+
+
+async def test_connections_are_served_when_no_thread_can_start(tmp_path: Path) -> None:
+    """Worker threads are started up front and kept: with no thread to be had (in a pod the agent shares the pids
+    limit with the commands), new connections, several at once, are still served, not refused."""
+    sock = tmp_path / "a.sock"
+    proc = subprocess.Popen([sys.executable, "-I", "-c", NO_THREADS, str(Path(AGENT).parent), str(tmp_path / "ws"),
+                             str(sock)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().decode().strip() == agent_mod.READY_LINE
+        boxes = [_sandbox(sock) for _ in range(3)]
+        results = await asyncio.gather(*(b.exec(f"echo {i}") for i, b in enumerate(boxes)))
+        assert [r.stdout for r in results] == ["0\n", "1\n", "2\n"], results
+        for _ in range(3):  # connections closed and opened again: the same threads serve them
+            fresh = _sandbox(sock)
+            assert (await fresh.exec("echo again")).stdout == "again\n"
+            await fresh.close()
+        for b in boxes:
+            await b.close()
+    finally:
         proc.kill()
         proc.wait()

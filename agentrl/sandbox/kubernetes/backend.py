@@ -97,6 +97,10 @@ class KubernetesSandboxConfig(BaseModel):
     backoff_max_s: float = Field(default=10.0, gt=0)
     start_timeout_s: float = Field(default=300.0, gt=0)  # scheduling + image pull + agent up, per pod
     agent_port: int = Field(default=8765, ge=1, le=65535)
+    # the agent's own container (not the commands' budget): CPU for serving requests, memory for reading files up
+    # to the agent's 64 MB cap with headroom; the pod requests these on top of the sandbox spec's
+    agent_cpus: float = Field(default=0.2, gt=0, le=8)
+    agent_memory_mb: int = Field(default=256, ge=64)
     runtime_class: str | None = None  # e.g. "gvisor" (k8s/components/gvisor)
     # IfNotPresent: thousands of sandbox pods of one task image must not pull it each time (a moving tag needs
     # Always, at a cold-start cost); None leaves it to Kubernetes (Always for :latest)
@@ -167,7 +171,8 @@ class KubernetesBackend:
         opts = PodOptions(namespace=c.namespace, pool=c.pool, agent_port=c.agent_port,
                           agent_configmap=agent_configmap_name(self._agent_source), key_secret=c.key_secret,
                           runtime_class=c.runtime_class, image_pull_policy=c.image_pull_policy,
-                          template=c.pod_template)
+                          template=c.pod_template, agent_cpus=c.agent_cpus,
+                          agent_memory_bytes=c.agent_memory_mb << 20)
         if c.control_plane == "pods":
             from agentrl.sandbox.kubernetes.pool import PodPool
 

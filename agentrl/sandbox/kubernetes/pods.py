@@ -10,14 +10,28 @@ One sandbox pod:
     init container agentrl-init (the task image; any image with python3):
         copies agent.py from the agent ConfigMap (mounted only here) into the `agentrl` emptyDir and writes
         `token` = HMAC-SHA256(namespace key, pod name), 0400; the key Secret is mounted only here
-    container sandbox: python3 /agentrl/agent.py --tcp $(POD_IP):PORT --token-file /agentrl/token
-        --workspace /workspace --run-as 1000:1000 [--writable D]; /agentrl read-only, /workspace, /tmp and each of
-        spec.writable_dirs (volumes writable-N, chowned by the agent) emptyDirs of spec.disk
-    pod: no service-account token, no service links, restartPolicy Never, activeDeadlineSeconds as TTL,
-        runAsNonRoot (uid/gid 1000) by default, seccomp RuntimeDefault, no fsGroup; every container: no privilege
-        escalation, read-only root filesystem, all capabilities dropped, resources requests == limits
+    container agentrl-agent (the agent, its own CPU / memory: backend config agent_cpus / agent_memory_mb):
+        python3 /agentrl/agent.py --tcp $(POD_IP):PORT --token-file /agentrl/token --workspace /workspace
+        --run-as 1000:1000 --relay agentrl-relay-$(POD_NAME) [--writable D]; /agentrl read-only, /workspace, /tmp
+        and each of spec.writable_dirs (volumes writable-N, chowned by the agent) emptyDirs of spec.disk
+    container sandbox (the commands, with the spec's CPU / memory / disk; the user's template merges into it):
+        python3 -I -S -c RELAY_SOURCE agentrl-relay-$(POD_NAME), uid 0 with only SETUID and SETGID: the relay,
+        which starts the agent's command spawner in this container (agent.py); the same emptyDirs, no /agentrl
+    pod: shareProcessNamespace (the agent sees, kills and gets the pids of the commands), no service-account token,
+        no service links, restartPolicy Never, activeDeadlineSeconds as TTL, runAsNonRoot with uid/gid 65534 by
+        default (also the pause container's: the pod's pid 1 is no process of the command user), seccomp
+        RuntimeDefault, no fsGroup; every container: no privilege escalation, read-only root filesystem, all
+        capabilities dropped but those named, resources requests == limits
 
-Why the agent container is NOT runAsNonRoot: uid separation. The agent runs as uid 0 with only CHOWN, KILL, SETGID
+Why two containers: resource separation. The commands' memory, CPU and disk limits are the sandbox container's, so
+a command that fills them (memory held by no process, a busy loop, an OOM after lowering its oom_score_adj) cannot
+take the agent's: the OOM killer picks inside the container whose limit was hit, and CFS throttles each container on
+its own quota. Pids are the pod's (the kubelet's podPidsLimit covers every container): the agent keeps its worker
+threads from start-up and kills without forking (agent.py), so a full pids budget cannot stop it either. The agent
+reports `resources_separated` in /health; the relay (the sandbox container's main process) is in the commands'
+budget, and if the commands make it die, their later commands fail as the policy's doing.
+
+Why the agent (and the relay) are NOT runAsNonRoot: uid separation. The agent runs as uid 0 with only CHOWN, KILL, SETGID
 and SETUID added back (no_new_privs via allowPrivilegeEscalation: false) and starts every command as 1000:1000, so a
 command can neither signal, ptrace nor read the agent (its environ, fds, memory) nor read the token (root, 0400,
 written by the init container, which runs as uid 0 without any capability for that reason). A non-root agent would
@@ -45,6 +59,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from agentrl.errors import ConfigError
+from agentrl.sandbox.agent import RELAY_SOURCE
 from agentrl.sandbox.base import SandboxSpec
 
 Obj = dict[str, Any]
@@ -62,9 +77,13 @@ WARM, CLAIMED = "warm", "claimed"
 ROLE = "sandbox"
 RUN_ID_KEYS = ("agentrl/run-id", "agentrl.run_id", "run_id")  # where a caller's labels may carry the run id
 
-UID = 1000
+UID = 1000  # the command user
+POD_UID = 65534  # the pod's default user, i.e. the pause container's (the pod's pid 1, in the shared pid namespace):
+#                  never the command user, or a command could SIGTERM it and so kill every process of the pod
 AGENT_DIR, WORKSPACE, TMP, SRC_DIR, KEY_DIR = "/agentrl", "/workspace", "/tmp", "/agentrl-src", "/agentrl-key"
-CONTAINER, INIT = "sandbox", "agentrl-init"
+CONTAINER, INIT, AGENT = "sandbox", "agentrl-init", "agentrl-agent"
+RELAY_NAME = "agentrl-relay-$(POD_NAME)"  # the relay's abstract socket (the pod's network namespace; named per pod so
+#                                          pods sharing a network namespace, e.g. on the test fake, never meet)
 DEAD_PHASES = ("Failed", "Succeeded")
 FATAL_WAITING = frozenset({"ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError",
                            "CreateContainerError", "RunContainerError", "CrashLoopBackOff"})
@@ -204,9 +223,12 @@ class PodOptions:
     runtime_class: str | None = None
     image_pull_policy: str | None = None
     template: Any = None  # a PodTemplateSpec-like mapping (metadata + spec), see merge_template()
+    agent_cpus: float = 0.2  # the agent container's own CPU and memory (requests == limits)
+    agent_memory_bytes: int = 256 << 20
 
 
-AGENT_CAPS = ["CHOWN", "KILL", "SETGID", "SETUID"]  # see "Why the agent container is NOT runAsNonRoot" above
+AGENT_CAPS = ["CHOWN", "KILL", "SETGID", "SETUID"]  # see "Why the agent (and the relay) are NOT runAsNonRoot" above
+RELAY_CAPS = ["SETGID", "SETUID"]  # the spawner it starts becomes the command user
 
 
 def _restricted(read_only_root: bool = True) -> Obj:
@@ -239,33 +261,44 @@ def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
                          {"name": "agent-key", "mountPath": KEY_DIR, "readOnly": True},
                          {"name": "agentrl", "mountPath": AGENT_DIR}],
     }
-    main = {
-        "name": CONTAINER, "image": spec.image,
+    shared = [{"name": "workspace", "mountPath": WORKSPACE}, {"name": "tmp", "mountPath": TMP},
+              *({"name": name, "mountPath": d} for name, d in writable)]  # the agent chowns them
+    pod_name = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    agent = {
+        "name": AGENT, "image": spec.image,
         "command": ["python3", f"{AGENT_DIR}/agent.py", "--tcp", f"$(POD_IP):{opts.agent_port}",
                     "--token-file", f"{AGENT_DIR}/token", "--workspace", WORKSPACE, "--run-as", f"{UID}:{UID}",
-                    *(["--writable", ":".join(spec.writable_dirs)] if writable else [])],
+                    "--relay", RELAY_NAME, *(["--writable", ":".join(spec.writable_dirs)] if writable else [])],
         "workingDir": WORKSPACE,
-        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}, pod_name,
                 {"name": "HOME", "value": WORKSPACE}, {"name": "TMPDIR", "value": TMP}],
         "ports": [{"name": "agent", "containerPort": opts.agent_port, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": "agent"}, "periodSeconds": 1, "timeoutSeconds": 1,
                            "successThreshold": 1, "failureThreshold": 3},
-        "resources": _resources(cpu_quantity(spec.cpus), quantity(spec.memory_bytes), storage),
+        "resources": _resources(cpu_quantity(opts.agent_cpus), quantity(opts.agent_memory_bytes), "32Mi"),
         "securityContext": _as_root(AGENT_CAPS),
-        "volumeMounts": [{"name": "agentrl", "mountPath": AGENT_DIR, "readOnly": True},
-                         {"name": "workspace", "mountPath": WORKSPACE}, {"name": "tmp", "mountPath": TMP},
-                         *({"name": name, "mountPath": d} for name, d in writable)],  # the agent chowns them
+        "volumeMounts": [{"name": "agentrl", "mountPath": AGENT_DIR, "readOnly": True}, *shared],
+    }
+    main = {
+        "name": CONTAINER, "image": spec.image,
+        "command": ["python3", "-I", "-S", "-c", RELAY_SOURCE, RELAY_NAME],
+        "workingDir": WORKSPACE,
+        "env": [pod_name, {"name": "HOME", "value": WORKSPACE}, {"name": "TMPDIR", "value": TMP}],
+        "resources": _resources(cpu_quantity(spec.cpus), quantity(spec.memory_bytes), storage),
+        "securityContext": _as_root(RELAY_CAPS),
+        "volumeMounts": [dict(m) for m in shared],
     }
     if opts.image_pull_policy:
-        init["imagePullPolicy"] = main["imagePullPolicy"] = opts.image_pull_policy
+        init["imagePullPolicy"] = agent["imagePullPolicy"] = main["imagePullPolicy"] = opts.image_pull_policy
     if spec.cpus < 0.1:  # the init container never asks for more CPU than the sandbox (it would set the pod's request)
         init["resources"] = _resources(cpu_quantity(spec.cpus), "64Mi", "16Mi")
     out: Obj = {
         "automountServiceAccountToken": False, "enableServiceLinks": False, "restartPolicy": "Never",
+        "shareProcessNamespace": True,
         "terminationGracePeriodSeconds": 2, "activeDeadlineSeconds": int(deadline_s),
-        "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": POD_UID, "runAsGroup": POD_UID,
                             "seccompProfile": {"type": "RuntimeDefault"}},
-        "initContainers": [init], "containers": [main],
+        "initContainers": [init], "containers": [agent, main],
         "volumes": [{"name": "agentrl", "emptyDir": {"sizeLimit": "16Mi"}},
                     {"name": "workspace", "emptyDir": {"sizeLimit": disk}},
                     {"name": "tmp", "emptyDir": {"sizeLimit": disk}},
@@ -307,7 +340,9 @@ def check_template(template: Any) -> None:
 def merge_template(out: Obj, template: Any) -> Obj:
     """User template + our pod spec: user's scheduling fields and extra volumes are kept; for the sandbox container
     the user may set image, pull policy, env, and extra mounts; resources from the template replace the spec's but
-    requests are always set equal to limits. Everything security-relevant stays ours."""
+    requests are always set equal to limits. The image, pull policy and env also go to the agent's container (the
+    agent needs the image's python3, and commands get the agent's environment). Everything security-relevant stays
+    ours."""
     if not template:
         return out
     spec = template.get("spec") or {}
@@ -315,14 +350,18 @@ def merge_template(out: Obj, template: Any) -> Obj:
         if key not in ("containers", "volumes"):
             out[key] = json.loads(json.dumps(value))
     out["volumes"] = out["volumes"] + list(spec.get("volumes") or [])
-    main = out["containers"][0]
+    main = next(c for c in out["containers"] if c["name"] == CONTAINER)
+    both = [c for c in out["containers"] if c["name"] in (CONTAINER, AGENT)]
     for c in spec.get("containers") or []:
         for key in ("image", "imagePullPolicy", "envFrom"):
             if key in c:
-                main[key] = c[key]
+                for target in both:
+                    target[key] = c[key]
         if "image" in c:
             out["initContainers"][0]["image"] = c["image"]
-        main["env"] = main["env"] + [e for e in c.get("env") or [] if e.get("name") not in ("POD_IP", "HOME")]
+        for target in both:
+            target["env"] = target["env"] + [e for e in c.get("env") or []
+                                             if e.get("name") not in ("POD_IP", "POD_NAME", "HOME")]
         main["volumeMounts"] = main["volumeMounts"] + list(c.get("volumeMounts") or [])
         if c.get("resources"):
             limits = {**(c["resources"].get("requests") or {}), **(c["resources"].get("limits") or {})}
@@ -370,10 +409,13 @@ def container_status(pod: Obj, name: str = CONTAINER) -> Obj:
 
 
 def is_running(pod: Obj) -> bool:
-    """The agent container runs and the pod has an IP (the agent may still be binding its port)."""
+    """Every container runs (the agent's and the commands') and the pod has an IP (the agent may still be binding
+    its port)."""
     st = pod.get("status", {})
-    return (st.get("phase") == "Running" and bool(st.get("podIP")) and "running" in container_status(pod).get(
-        "state", {}) and not pod["metadata"].get("deletionTimestamp"))
+    statuses = st.get("containerStatuses") or []
+    return (st.get("phase") == "Running" and bool(st.get("podIP")) and bool(statuses)
+            and all("running" in (c.get("state") or {}) for c in statuses)
+            and not pod["metadata"].get("deletionTimestamp"))
 
 
 def is_ready(pod: Obj) -> bool:
@@ -400,8 +442,9 @@ def death_reason(pod: Obj | None, deleted: bool) -> str | None:
 
 def death_cause(pod: Obj | None) -> str | None:
     """The provable cause of a sandbox pod's death, for failure attribution: "deleted" (no such pod, or being
-    deleted), "evicted", "deadline" (activeDeadlineSeconds, the TTL), "oom" (the kernel OOM-killed the sandbox
-    container), "signal:<n>" / "exited:<code>" (how the agent ended); None while it runs or when unknown."""
+    deleted), "evicted", "deadline" (activeDeadlineSeconds, the TTL), "oom" (the kernel OOM-killed the agent's
+    container), "signal:<n>" / "exited:<code>" (how the agent ended); None while it runs or when unknown. The
+    sandbox container's end is not a death: the agent still answers, and the commands fail as the policy's."""
     if pod is None or pod.get("metadata", {}).get("deletionTimestamp"):
         return "deleted"
     st = pod.get("status", {})
@@ -409,7 +452,7 @@ def death_cause(pod: Obj | None) -> str | None:
         return "evicted"
     if st.get("reason") == "DeadlineExceeded":
         return "deadline"
-    cs = container_status(pod)
+    cs = container_status(pod, AGENT) or container_status(pod)  # the agent's (before two containers: the only one)
     term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
     if not term:
         return None
