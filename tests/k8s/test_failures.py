@@ -228,3 +228,49 @@ async def test_the_bearer_token_is_never_logged(fake_cluster: Any, caplog: pytes
     for text in (caplog.text, str(err.value), repr(handle), repr(sb), str(backend.stats())):
         assert token not in text
     assert not any(token in str(p) for p in fake_cluster.fake.objects("pods") + fake_cluster.fake.objects("secrets"))
+
+
+K8S_RESOURCE_ATTACKS = {  # on the old single-container pod these took the agent's pids / memory (issue 22)
+    "daemon_fills_the_pods_pids": "import subprocess, time\nsubprocess.Popen(['setsid', 'python3', '-c', "
+                                  "'import os, time\\nwhile True:\\n try:\\n  os.fork() or time.sleep(1000)\\n "
+                                  "except OSError:\\n  time.sleep(0.005)'])\ntime.sleep(1)",
+    "fork_bomb_then_memory_fill": "import os, subprocess, time\nsubprocess.Popen(['setsid', 'python3', '-c', "
+                                  "'import os\\nwhile True:\\n try:\\n  os.fork()\\n except OSError:\\n  pass'])\n"
+                                  "time.sleep(0.5)\nb = [bytearray(16 << 20) for _ in range(64)]",
+}
+
+
+@pytest.mark.k8s
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("attack", sorted(K8S_RESOURCE_ATTACKS))
+async def test_a_policy_exhausting_its_pod_is_still_graded_on_its_answer(real_cluster: Any, smollm2_tokenizer: Any,
+                                                                         attack: str) -> None:
+    """Through the real runner on a real pod: the policy writes the right answer, then fills the pod's pids (and
+    its memory) from daemons. The agent's container is outside the commands' memory and CPU, keeps its threads and
+    kills without forking, so the episode is graded on its answer (1.0): neither infra_error (a dodge) nor a
+    policy error charged for a dead agent."""
+    from agentrl.envs import get_env
+    from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
+    from agentrl.sandbox import SandboxPool
+    from agentrl.testing.scripted import ScriptedEngine
+    from agentrl.tools.render import ChatRenderer
+    from agentrl.types import SamplingParams, Status
+
+    env = get_env("code_tests", source="easy")
+    task = next(iter(env.tasks()))
+    replies = [f"Here is my solution.\n```python\n{task.data['reference']}\n```",
+               f"Here is my solution.\n```python\n{K8S_RESOURCE_ATTACKS[attack]}\n```"]
+    engine = ScriptedEngine(smollm2_tokenizer, replies)
+    spec = env.sandbox_spec.model_copy(update={"cpus": 0.5, "memory": "256m"})
+    rollout = Rollout(env=env, engine=engine, renderer=ChatRenderer(smollm2_tokenizer),
+                      sampling=SamplingParams(temperature=1.0, max_new_tokens=512,
+                                              stop_token_ids=[smollm2_tokenizer.eos_token_id]),
+                      budgets=Budgets(max_turns=2, max_completion_tokens=4096, context_window=8192,
+                                      tool_timeout_s=60))
+    async with SandboxPool(real_cluster.backend(), spec, max_sandboxes=2, run_id=f"exhaust-{attack[:20]}") as pool:
+        sched = Scheduler(rollout, pool, SchedulerConfig(group_size=1, infra_retries=2, finalize_timeout_s=90))
+        traj = await sched.run_one(task, group_id="g", sample_index=0)
+    assert traj.status not in (Status.infra_error, Status.policy_error), f"{attack}: {traj.error_kind} {traj.error}"
+    assert traj.attempt == 0
+    assert traj.tests is not None and traj.tests.passed == traj.tests.total >= 1, traj.tests
+    assert traj.reward == 1.0

@@ -19,6 +19,7 @@ import pytest
 from agentrl.errors import SandboxDiedError, SandboxError
 from agentrl.sandbox import Sandbox, SandboxPool
 from agentrl.sandbox.kubernetes.pods import L_STATE, derive_token, is_ready
+from agentrl.testing import sandbox_attacks
 
 NAMESPACE = os.environ.get("AGENTRL_K8S_NAMESPACE", "agentrl")
 
@@ -246,6 +247,32 @@ async def test_commands_run_as_uid_1000_and_cannot_kill_the_agent(real_cluster: 
                        "-e 'agentrl rela[y]' $p/cmdline && kill -KILL ${p#/proc/}; done; true", timeout=10)
         await asyncio.sleep(1)
         assert (await _run(sb, "echo agent-alive")).stdout == "agent-alive\n"
+    finally:
+        await sb.close()
+        await backend.destroy(handle)
+
+
+# ---------------------------------------------------------------- the agent's own resources (issue 22)
+
+
+@pytest.mark.parametrize("attack", (*sandbox_attacks.RESOURCE_ATTACKS, sandbox_attacks.attack_busy_loops_in_the_cpu_quota),
+                         ids=lambda f: f.__name__)
+async def test_commands_cannot_exhaust_the_agents_resources(real_cluster: Any, attack: Any) -> None:
+    """The agent has a container of its own: the commands' memory limit (SysV memory no process holds, a fill after
+    lowering oom_score_adj), the pod's pids (a daemon holding every pid) and the commands' CPU quota (busy loops)
+    are the commands' only: the agent answers on old and new connections, kill_all() ends the attack without a
+    fork, and the next command runs."""
+    limit = await _node_pids_limit(real_cluster)
+    cpus = 0.05 if attack is sandbox_attacks.attack_busy_loops_in_the_cpu_quota else 0.5
+    spec = real_cluster.spec.model_copy(update={"memory": "256m", "cpus": cpus,
+                                                "pids": max(limit - 32, 32) if limit > 0 else 128})
+    backend = real_cluster.backend()
+    handle = await backend.create(spec, {})
+    sb = Sandbox(handle, spec)
+    try:
+        assert await sb.health() and sb.resources_separated and sb.uid_separated, sb.agent_info
+        await attack(sb)
+        assert await backend.alive(handle) and await backend.death_cause(handle) is None
     finally:
         await sb.close()
         await backend.destroy(handle)
