@@ -140,7 +140,7 @@ async def exec_round_trip(n: int) -> tuple[list[float], list[float]]:
         t = time.perf_counter()
         r = await sb.exec("true")
         agent.append(time.perf_counter() - t)
-        assert r.exit_code == 0
+        assert r.exit_code == 0, r
     kube = []
     for _ in range(max(5, n // 10)):
         t = time.perf_counter()
