@@ -178,6 +178,22 @@ def test_init_script_writes_the_token_the_backend_derives(tmp_path: Path) -> Non
     assert (tmp_path / "dst" / "agent.py").read_text() == "# agent\n"
 
 
+def test_init_script_leaves_an_execute_only_copy_of_the_images_python(tmp_path: Path) -> None:
+    """Sandbox.judge_python on kubernetes: /agentrl/judge-python, the image's python3, 0111 (graders started from
+    it are non-dumpable from their execve; the agent reports it when the command user cannot read it)."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "agent.py").write_text("# agent\n")
+    (tmp_path / "key").write_bytes(b"k\n")
+    (tmp_path / "dst").mkdir()
+    python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))  # not a venv's: the image's own
+    subprocess.run([python, "-c", INIT_SCRIPT, str(tmp_path / "src" / "agent.py"), str(tmp_path / "key"),
+                    str(tmp_path / "dst")], env={**os.environ, "POD_NAME": "p"}, check=True)
+    copy = tmp_path / "dst" / "judge-python"
+    assert copy.stat().st_mode & 0o7777 == 0o111
+    copy.chmod(0o500)
+    assert copy.read_bytes() == Path(python).read_bytes()
+
+
 def test_label_values_are_sanitised() -> None:
     assert label_value("run/with spaces:and-ü") == "run-with-spaces-and"
     assert len(label_value("x" * 100)) == 63
