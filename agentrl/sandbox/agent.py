@@ -45,7 +45,11 @@ until its first request head is complete (bounded count, size and time) and chec
 authorized connection gets a worker thread (at most MAX_WORKERS), so a connection flood from inside the sandbox
 costs no thread:
 
-    GET  /health   -> {ok, pid, version, workspace, writable, uid_separated, command_uid, resources_separated}
+    GET  /health   -> {ok, pid, version, workspace, writable, uid_separated, command_uid, resources_separated,
+                       judge_python}   judge_python: the path of `judge-python` next to this file when the backend
+                       put an execute-only interpreter copy there (root's, no read bit: a process the command user
+                       starts from it is non-dumpable from its execve on, the kernel's rule for unreadable
+                       binaries), else null
     POST /exec     {cmd: str|list, timeout, cwd, env, stdin, output_limit, kill_leftovers}
                    -> {exit_code, stdout, stderr, timed_out, truncated, duration_s}
                    kill_leftovers: after the command, kill every process of the command user (as /kill_all)
@@ -1379,6 +1383,20 @@ def _boot_ticks() -> int:
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
 
 
+def judge_python(identity: "Identity") -> str | None:
+    """`judge-python` next to this file when the command user can execute it but not read it (see /health)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "judge-python")
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not identity.separated or not stat.S_ISREG(st.st_mode) or st.st_uid != 0:
+        return None
+    with identity.files():  # the command user's view (fsuid; X_OK also fails on a noexec mount)
+        usable = os.access(path, os.X_OK, effective_ids=True) and not os.access(path, os.R_OK, effective_ids=True)
+    return path if usable else None
+
+
 class Agent:
     """Request handlers. Tracks the process groups it started (for timeouts and shutdown) and reaps every child
     (`Reaper`)."""
@@ -1415,7 +1433,8 @@ class Agent:
         return {"ok": True, "pid": os.getpid(), "version": VERSION, "workspace": self.workspace,
                 "writable": list(self.writable),
                 "uid_separated": self.identity.separated, "command_uid": self.identity.uid,
-                "resources_separated": self.cgroup.enabled or self.relay is not None}
+                "resources_separated": self.cgroup.enabled or self.relay is not None,
+                "judge_python": judge_python(self.identity)}
 
     def exec(self, req: dict) -> dict:
         argv = _argv(req.get("cmd"))

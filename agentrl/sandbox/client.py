@@ -250,6 +250,14 @@ class Sandbox:
         return self.agent_info.get("resources_separated") is True
 
     @property
+    def judge_python(self) -> str | None:
+        """An interpreter for graders (judges, clients holding a secret) that is non-dumpable from its execve: an
+        execute-only copy of the sandbox's python3 the command user cannot read, so the kernel refuses a same-uid
+        process its /proc/<pid>/mem, fds and ptrace from the first instruction. None (use "python3" and turn
+        non-dumpable first thing) until a health check reported one: user images, non-root hosts."""
+        return self.agent_info.get("judge_python")
+
+    @property
     def command_uid(self) -> int | None:
         return self.agent_info.get("command_uid")
 

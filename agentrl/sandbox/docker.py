@@ -9,8 +9,12 @@ the in-sandbox agent over the unix socket through `client.py`; never `docker exe
 One sandbox = one container:
 
     command    python3 (alarm at ttl_s, then exec) python3 /agentrl/agent.py --unix /agentrl-sock/agent.sock
-               --workspace /workspace [--run-as 1000:1000]; docker-init (tini) is pid 1
-    mounts     agent.py read-only at /agentrl/agent.py; the host socket dir at /agentrl-sock;
+               --workspace /workspace [--run-as 1000:1000]; docker-init (tini) is pid 1. As container root, the
+               first python3 also copies itself to /agentrl/judge-python, mode 0111: the image's own interpreter,
+               executable but not readable by the command user, so graders started from it are non-dumpable from
+               their execve (`Sandbox.judge_python`; any image with python3, none when it is a venv's)
+    mounts     a small root-owned tmpfs at /agentrl; agent.py read-only at /agentrl/agent.py; the host socket dir at
+               /agentrl-sock;
                tmpfs /workspace, /tmp and each of spec.writable_dirs (size = spec.disk, owned by the sandbox user;
                the agent gets --writable for the latter)
     limits     nano_cpus = spec.cpus, mem_limit == memswap_limit = spec.memory (no swap), pids_limit = spec.pids;
@@ -90,13 +94,25 @@ L_OWNER, L_RUN, L_HOST, L_PID, L_START = ("agentrl.owner", "agentrl.run_id", "ag
 L_CREATED, L_TTL, L_SOCK = "agentrl.created_at", "agentrl.ttl_s", "agentrl.sock_dir"
 L_CGROUPS = "agentrl.cgroups"  # the sandbox's host cgroup directories (resource-separated), ":"-joined
 CGROUP_MOUNT = "/agentrl-cgroup"  # where they appear in the container: /agentrl-cgroup/0, /1, ...
-AGENT_PATH = "/agentrl/agent.py"
+AGENT_DIR = "/agentrl"
+AGENT_PATH = f"{AGENT_DIR}/agent.py"
 SOCK_DIR = "/agentrl-sock"
 WORKSPACE = "/workspace"
 SANDBOX_UID = 1000
 AGENT_CAPS = ["SETUID", "SETGID", "KILL"]  # the workspace tmpfs is created owned by 1000: no CAP_CHOWN needed
+JUDGE_PYTHON = f"{AGENT_DIR}/judge-python"  # where the agent looks for it: next to agent.py
 # argv: TTL, then the command to exec; SIGALRM's default action ends the agent at the TTL (the alarm survives exec).
-_TTL_EXEC = "import os, signal, sys; signal.alarm(int(sys.argv[1])); os.execvp(sys.argv[2], sys.argv[2:])"
+# First, as root: the execute-only copy of this interpreter for graders (best effort: graders fall back without it).
+_TTL_EXEC = f"""import os, shutil, signal, sys
+if os.geteuid() == 0 and sys.prefix == sys.base_prefix:
+    try:
+        shutil.copyfile(os.path.realpath(sys.executable), {JUDGE_PYTHON!r})
+        os.chmod({JUDGE_PYTHON!r}, 0o111)
+    except OSError as e:
+        print("agentrl: no execute-only interpreter for graders:", e, file=sys.stderr)
+signal.alarm(int(sys.argv[1]))
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
 RUN_ID_KEYS = (L_RUN, "agentrl/run-id", "run_id")  # where a caller's labels may carry the run id
 STALE_DIR_S = 300.0  # a socket dir with no container is removed by sweep() only when older than this
 
@@ -380,6 +396,7 @@ class DockerBackend:
             binds={str(self._agent_file): {"bind": AGENT_PATH, "mode": "ro"},
                    str(sock_dir): {"bind": SOCK_DIR, "mode": "rw"}, **cgroup_binds},
             tmpfs={WORKSPACE: tmpfs_opts, "/tmp": f"size={spec.disk_bytes},mode=1777,exec",
+                   AGENT_DIR: "size=64m,mode=0755,exec",  # root's: agent.py is bound inside, judge-python copied
                    **{d: tmpfs_opts for d in spec.writable_dirs}},  # e.g. /repo: owned by the command user
             **resources, network_mode=self._network if spec.network else "none",
             read_only=True, cap_drop=["ALL"], cap_add=AGENT_CAPS if self._root_host else None,

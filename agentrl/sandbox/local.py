@@ -12,6 +12,10 @@ Each sandbox gets `<state root>/<id>/` on the host:
     agent.log    stderr of bwrap and the agent (read back when a start fails)
     passwd,group bound read-only over /etc/passwd and /etc/group (uid 1000 "agent")
 
+and, uid-separated, one `<state root>/judge-python` for all of them: a copy of the sandbox's python3, root's, mode
+0111, bound read-only at /.agentrl/judge-python (`Sandbox.judge_python`): the command user can run it but not read
+it, so the kernel makes every process started from it non-dumpable at its execve (graders run on it).
+
 Inside: new pid/net/ipc/uts/mount namespaces, read-only /usr (and /bin, /lib* links), a few files of /etc, a
 size-limited tmpfs at /workspace, /tmp and /dev/shm (and at each of `spec.writable_dirs`, e.g. /repo, which the
 agent gives to the sandbox user), minimal /dev and /proc; no /root, /home, /work or other host
@@ -79,6 +83,16 @@ class _Live:
     plan: limits.LimitPlan
 
 
+def _same_copy(copy: Path, original: os.stat_result) -> bool:
+    """`copy` is root's execute-only copy of the file `original` describes (same size and modification time)."""
+    try:
+        st = copy.stat()
+    except FileNotFoundError:
+        return False
+    return (st.st_uid == 0 and st.st_mode & 0o7777 == 0o111 and st.st_size == original.st_size
+            and st.st_mtime_ns == original.st_mtime_ns)
+
+
 def default_state_root() -> Path:
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and os.path.isdir(runtime):
@@ -139,6 +153,8 @@ class LocalBackend:
         self._limiter_lock = threading.Lock()  # detection runs in worker threads (blocking cgroupfs I/O)
         self._live: dict[str, _Live] = {}
         self._agent_file = str(Path(__file__).with_name("agent.py"))
+        self._judge_python: str | None = None  # made by the first _prepare (uid-separated only)
+        self._judge_lock = threading.Lock()
         if len(str(self.state_root / ("0" * 12) / "run" / "agent.sock")) > 100:
             raise ConfigError(f"state_dir {self.state_root} is too long for a unix socket path (108 bytes): "
                               "pass a shorter state_dir")
@@ -233,9 +249,40 @@ class LocalBackend:
                  "created_at": time.time(), "ttl_s": spec.ttl_s, "pid": None, "pid_start": None,
                  "cgroups": [], "unsafe": self.unsafe}
         self._write_state(path, state)  # before any process exists, so a crash from here on is sweepable
+        self._ensure_judge_python()
         plan = self.limiter.prepare(sid, spec, separate=self.resources_separated)
         self._write_state(path, {**state, "cgroups": list(plan.cgroups), "limits": plan.mode})
         return plan, os.open(path / "agent.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def _ensure_judge_python(self) -> None:
+        """Copy the sandbox's python3 to `<state root>/judge-python` (root's, 0111; kept while python3 is unchanged).
+        A real copy: a link would share the original's inode and mode. Nothing when not uid-separated, when python3
+        is a venv's (its copy would lose the venv) or when the copy fails: graders then fall back (python3)."""
+        with self._judge_lock:
+            if self._judge_python is not None or not self.uid_separated:
+                return
+            self._judge_python = ""
+            src = shutil.which("python3", path=self._env(WORKSPACE)["PATH"])
+            if src is None or any((Path(src).parent / up / "pyvenv.cfg").exists() for up in (".", "..")):
+                log.warning("LocalBackend: no execute-only interpreter for graders (python3 %s): they turn "
+                            "non-dumpable after their start-up instead", "is a venv's" if src else "not found")
+                return
+            dst = self.state_root / "judge-python"
+            tmp = self.state_root / f".judge-python.{uuid.uuid4().hex[:8]}"
+            try:
+                real = os.stat(os.path.realpath(src))
+                if not _same_copy(dst, real):  # one copy per state root, made again when python3 changed
+                    shutil.copyfile(os.path.realpath(src), tmp)
+                    os.chown(tmp, 0, 0)
+                    os.chmod(tmp, 0o111)
+                    os.utime(tmp, ns=(real.st_atime_ns, real.st_mtime_ns))
+                    tmp.replace(dst)
+            except OSError as e:
+                tmp.unlink(missing_ok=True)
+                log.warning("LocalBackend: cannot make the execute-only interpreter for graders (%s): they turn "
+                            "non-dumpable after their start-up instead", e)
+                return
+            self._judge_python = str(dst)
 
     @staticmethod
     def _write_state(path: Path, state: dict) -> None:
@@ -304,6 +351,9 @@ class LocalBackend:
             args += ["--perms", "0755", "--size", disk, "--tmpfs", d]
         for extra in extras:  # after the tmpfs mounts: a venv under /tmp stays visible
             args += ["--ro-bind", extra, extra]
+        if self._judge_python:  # the command user may traverse the agent's directory (not list it) to run it
+            args += ["--perms", "0711", "--dir", AGENT_DIR,
+                     "--ro-bind", self._judge_python, f"{AGENT_DIR}/judge-python"]
         args += ["--ro-bind", self._agent_file, f"{AGENT_DIR}/agent.py",
                  "--bind", str(path / "run"), f"{AGENT_DIR}/run", *extra_binds,
                  "--remount-ro", "/"]  # the root tmpfs bwrap builds would otherwise be writable (and unlimited)

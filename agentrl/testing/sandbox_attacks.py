@@ -265,6 +265,66 @@ async def attack_unresolvable_paths(sb: Sandbox) -> None:
     await still_serves(sb)
 
 
+# ---------------------------------------------------------------- graders at their start
+# A command-user process started before a grader: it polls /proc for a process whose command line carries the mark
+# (argv[1] + "-" + argv[2], so that its own does not), opens its /proc/<pid>/mem the moment it appears and prints
+# what that gave and the owner of that file (root's when the target is non-dumpable), or "never saw it".
+WATCH_START = r"""
+import os, sys, time
+mark = (sys.argv[1] + "-" + sys.argv[2]).encode()
+end = time.time() + 20
+while time.time() < end:
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                if mark not in f.read():
+                    continue
+        except OSError:
+            continue
+        try:
+            os.close(os.open(f"/proc/{p}/mem", os.O_RDONLY))
+            got = "opened"
+        except OSError as e:
+            got = e.strerror
+        print(got, os.stat(f"/proc/{p}/mem").st_uid, flush=True)
+        sys.exit(0)
+print("never saw it", flush=True)
+"""
+START_MARK = "agentrl-grader-start-probe"
+# a grader's stand-in: it sleeps first and never makes itself non-dumpable, so only how it was started counts
+SLEEP_FIRST = f"import time; time.sleep(1.5)  # {START_MARK}"
+
+
+async def open_at_start(sb: Sandbox, argv: list[str]) -> str:
+    """Start the WATCH_START daemon, then `argv` (whose command line must carry START_MARK); what the daemon got."""
+    out_file = "/tmp/agentrl-watch.out"
+    await sb.exec(["rm", "-f", out_file])
+    await sb.exec(["sh", "-c", 'setsid python3 -c "$0" "$1" "$2" >"$3" 2>&1 </dev/null & sleep 0.3', WATCH_START,
+                   *START_MARK.split("-", 1), out_file])
+    r = await sb.exec(argv, timeout=20)
+    assert r.exit_code == 0, r
+    for _ in range(100):
+        out = (await sb.exec(["cat", out_file])).stdout.strip()
+        if out:
+            return out
+        await asyncio.sleep(0.1)
+    raise AssertionError("the watching daemon wrote nothing")
+
+
+async def attack_open_a_grader_at_its_start(sb: Sandbox) -> None:
+    """A daemon of the policy waiting for a grader cannot open its memory even before the grader's first statement
+    when it runs on `sb.judge_python`; on plain python3 (the control) the same daemon opens it."""
+    assert sb.judge_python, f"no execute-only interpreter for graders in this sandbox: {sb.agent_info}"
+    got = await open_at_start(sb, [sb.judge_python, "-I", "-c", SLEEP_FIRST])
+    assert got == "Permission denied 0", got  # refused, and /proc/<pid>/mem is root's: non-dumpable
+    control = await open_at_start(sb, ["python3", "-I", "-c", SLEEP_FIRST])
+    assert control == f"opened {sb.command_uid}", control
+    await sb.kill_all()
+    await still_serves(sb)
+
+
 ALL = (attack_kill_everything, attack_signal_the_agent, attack_read_the_agent, attack_ptrace_the_agent,
        attack_socket_dir, attack_daemon_outlives_the_call, attack_daemon_with_kill_leftovers,
        attack_unresolvable_paths, attack_trace_the_spawner, attack_kill_the_spawner, attack_stop_the_spawner)

@@ -97,3 +97,17 @@ async def test_separation_off_keeps_one_budget(make_sandbox) -> None:
         await sb.close()
     finally:
         await b.close()
+
+
+@ROOT
+async def test_a_grader_is_out_of_reach_from_its_first_instruction(make_sandbox) -> None:
+    """Container root copies the image's own python3 to /agentrl/judge-python (0111) before the agent starts: the
+    command user runs it with the same sys.path, cannot read it, and a daemon waiting for a grader started from it
+    cannot open its memory even before its first statement (on plain python3, the control, it can)."""
+    async with make_sandbox() as sb:
+        assert sb.judge_python == "/agentrl/judge-python", sb.agent_info
+        show = "import sys; print(sys.version, sys.prefix, sys.path)"
+        copy, plain = [(await sb.exec([py, "-I", "-c", show])).stdout for py in (sb.judge_python, "python3")]
+        assert copy == plain != ""
+        assert "Permission denied" in (await sb.exec(["cat", sb.judge_python])).stderr
+        await sandbox_attacks.attack_open_a_grader_at_its_start(sb)

@@ -63,6 +63,11 @@ def _state(state_dir: Path, sid: str) -> dict:
     return json.loads((state_dir / sid / "state.json").read_text())
 
 
+def _sandbox_dirs(state_dir: Path) -> list[Path]:
+    """What the state root holds of sandboxes (not the backend's shared interpreter copy, `judge-python`)."""
+    return [p for p in state_dir.iterdir() if p.name != "judge-python"]
+
+
 def _alive(pid: int | None, start: int | None) -> bool:
     if pid is None:
         return False
@@ -277,14 +282,14 @@ async def test_lease_cancelled_while_starting_leaves_nothing(state_dir: Path, de
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert list(state_dir.iterdir()) == []
+        assert _sandbox_dirs(state_dir) == []
 
 
 @needs_bwrap
 async def test_pool_exit_while_refilling_leaves_nothing(state_dir: Path) -> None:
     async with SandboxPool("local", SPEC, warm=3, max_sandboxes=4, state_dir=state_dir):
         await asyncio.sleep(0.02)  # refillers are mid-create
-    assert list(state_dir.iterdir()) == []
+    assert _sandbox_dirs(state_dir) == []
 
 
 @needs_bwrap
@@ -294,19 +299,19 @@ async def test_pool_exit_leaves_no_processes_or_dirs(state_dir: Path) -> None:
         await pool.fill(timeout_s=60)
         async with pool.lease() as sb:
             await sb.exec("sleep 100 > /dev/null 2>&1 &")
-            states = [_state(state_dir, d.name) for d in state_dir.iterdir()]
+            states = [_state(state_dir, d.name) for d in _sandbox_dirs(state_dir)]
             assert len(states) >= 2
             stats = pool.stats()
             assert stats["warm_hits"] == 1 and stats["cold_starts"] == 0
     assert states and _leftovers(states) == []
-    assert list(state_dir.iterdir()) == []
+    assert _sandbox_dirs(state_dir) == []
 
 
 @needs_bwrap
 async def test_pool_replaces_a_dead_warm_sandbox(state_dir: Path) -> None:
     async with SandboxPool("local", SPEC, warm=1, max_sandboxes=2, state_dir=state_dir) as pool:
         await pool.fill(timeout_s=60)
-        (victim,) = [_state(state_dir, d.name) for d in state_dir.iterdir()]
+        (victim,) = [_state(state_dir, d.name) for d in _sandbox_dirs(state_dir)]
         os.killpg(victim["pid"], 9)
         await _until_unreachable(state_dir / victim["id"] / "run" / "agent.sock")
         async with pool.lease() as sb:
@@ -384,7 +389,7 @@ async def test_sweep_removes_sandboxes_of_a_dead_run_only(state_dir: Path) -> No
     assert not (state_dir / dead_id).exists() and _leftovers([dead_state]) == []
     assert await backend.alive(live)  # the live run's sandbox is untouched
     assert await backend.sweep(run_id="live-run") == 1
-    assert not await backend.alive(live) and list(state_dir.iterdir()) == []
+    assert not await backend.alive(live) and _sandbox_dirs(state_dir) == []
     await backend.close()
 
 
@@ -432,7 +437,7 @@ async def test_unsafe_mode_runs_without_bwrap_and_warns(tmp_path: Path, state_di
             await sb.write_file("x.txt", "hi")
             r = await sb.exec("cat x.txt; pwd")
             assert r.stdout.startswith("hi") and str(state_dir) in r.stdout
-    assert list(state_dir.iterdir()) == []
+    assert _sandbox_dirs(state_dir) == []
     await backend.close()
 
 

@@ -107,9 +107,9 @@ def assert_policy(pod: dict, spec: SandboxSpec) -> None:
     mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
     assert "emptyDir" in volumes[mounts["/workspace"]["name"]] and "emptyDir" in volumes[mounts["/tmp"]["name"]]
     assert mounts["/agentrl"].get("readOnly") is True
-    main_mounts = {m["mountPath"]: m["name"] for m in main["volumeMounts"]}
-    assert "/agentrl" not in main_mounts, "the commands' container never sees the agent's files (its token)"
-    assert all(main_mounts[p] == m["name"] for p, m in mounts.items() if p != "/agentrl"), "the same files"
+    main_mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
+    assert main_mounts["/agentrl"].get("readOnly") is True  # the judge's python copy; the token is root's 0400
+    assert all(main_mounts[p]["name"] == m["name"] for p, m in mounts.items()), "the same files in both"
     for c in s["containers"]:
         assert not any("secret" in volumes[m["name"]] for m in c["volumeMounts"]), "the key is for the init only"
         assert "exec" not in str(c.get("readinessProbe", {})), "no exec probes either"
@@ -186,6 +186,22 @@ def test_init_script_writes_the_token_the_backend_derives(tmp_path: Path) -> Non
     assert token == derive_token(b"s3cret-key", "pool-abc") != derive_token(b"s3cret-key", "pool-abd")
     assert (tmp_path / "dst" / "token").stat().st_mode & 0o777 == 0o400
     assert (tmp_path / "dst" / "agent.py").read_text() == "# agent\n"
+
+
+def test_init_script_leaves_an_execute_only_copy_of_the_images_python(tmp_path: Path) -> None:
+    """Sandbox.judge_python on kubernetes: /agentrl/judge-python, the image's python3, 0111 (graders started from
+    it are non-dumpable from their execve; the agent reports it when the command user cannot read it)."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "agent.py").write_text("# agent\n")
+    (tmp_path / "key").write_bytes(b"k\n")
+    (tmp_path / "dst").mkdir()
+    python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))  # not a venv's: the image's own
+    subprocess.run([python, "-c", INIT_SCRIPT, str(tmp_path / "src" / "agent.py"), str(tmp_path / "key"),
+                    str(tmp_path / "dst")], env={**os.environ, "POD_NAME": "p"}, check=True)
+    copy = tmp_path / "dst" / "judge-python"
+    assert copy.stat().st_mode & 0o7777 == 0o111
+    copy.chmod(0o500)
+    assert copy.read_bytes() == Path(python).read_bytes()
 
 
 def test_label_values_are_sanitised() -> None:

@@ -16,7 +16,8 @@ One sandbox pod:
         and each of spec.writable_dirs (volumes writable-N, chowned by the agent) emptyDirs of spec.disk
     container sandbox (the commands, with the spec's CPU / memory / disk; the user's template merges into it):
         python3 -I -S -c RELAY_SOURCE agentrl-relay-$(POD_NAME), uid 0 with only SETUID and SETGID: the relay,
-        which starts the agent's command spawner in this container (agent.py); the same emptyDirs, no /agentrl
+        which starts the agent's command spawner in this container (agent.py); the same emptyDirs, /agentrl
+        read-only (the judge's execute-only python3; the token there is root's, 0400)
     pod: shareProcessNamespace (the agent sees, kills and gets the pids of the commands), no service-account token,
         no service links, restartPolicy Never, activeDeadlineSeconds as TTL, runAsNonRoot with uid/gid 65534 by
         default (also the pause container's: the pod's pid 1 is no process of the command user), seccomp
@@ -97,6 +98,13 @@ token = hmac.new(key, os.environ["POD_NAME"].encode(), hashlib.sha256).hexdigest
 fd = os.open(os.path.join(dst, "token"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
 os.write(fd, token.encode())
 os.close(fd)
+exe = os.path.realpath(sys.executable)  # an execute-only copy for graders (Sandbox.judge_python), within 16Mi
+try:
+    if sys.prefix == sys.base_prefix and os.path.getsize(exe) < 8 << 20:
+        shutil.copyfile(exe, os.path.join(dst, "judge-python"))
+        os.chmod(os.path.join(dst, "judge-python"), 0o111)
+except OSError as e:
+    print("agentrl-init: no execute-only interpreter for graders:", e, file=sys.stderr)
 """
 # pod-template keys a user may set (the rest is ours); containers/volumes are merged, see merge_template()
 TEMPLATE_SPEC_KEYS = frozenset({"nodeSelector", "affinity", "tolerations", "priorityClassName", "imagePullSecrets",
@@ -286,7 +294,7 @@ def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
         "env": [pod_name, {"name": "HOME", "value": WORKSPACE}, {"name": "TMPDIR", "value": TMP}],
         "resources": _resources(cpu_quantity(spec.cpus), quantity(spec.memory_bytes), storage),
         "securityContext": _as_root(RELAY_CAPS),
-        "volumeMounts": [dict(m) for m in shared],
+        "volumeMounts": [{"name": "agentrl", "mountPath": AGENT_DIR, "readOnly": True}, *(dict(m) for m in shared)],
     }
     if opts.image_pull_policy:
         init["imagePullPolicy"] = agent["imagePullPolicy"] = main["imagePullPolicy"] = opts.image_pull_policy

@@ -1,7 +1,8 @@
 """Test harness that runs INSIDE the sandbox: stdlib only, Python 3.8+, no imports from agentrl.
 
-Run as `python3 -I -c "<this file's text>"` with a JSON spec on stdin (nothing is read from the workspace, so files
-the model planted there cannot change the verdict):
+Run as `<python> -I -c "<this file's text>"` (scoring.judge_argv: the sandbox's execute-only interpreter, else
+python3) with a JSON spec on stdin (nothing is read from the workspace, so files the model planted there cannot
+change the verdict):
 
     {"prelude": str,        the task's code the solution builds on (HumanEval: the prompt's imports and helpers)
      "solution": str,       the candidate code
@@ -23,12 +24,15 @@ Who runs what (the verdict cannot be forged by the solution):
 - The SPAWNER is forked before the spec is read, so its memory holds no test; it receives only the prelude, the
   solution and the entry point, and forks one SOLUTION process per test (own process group; fd 0/1/2 on /dev/null;
   every other inherited fd closed except the pipe it reads calls from and the pipe it writes values on).
-- The judge marks itself non-dumpable as its first statement (a same-uid process can then neither ptrace it nor
-  open /proc/<pid>/mem or fd/*). The interpreter's start-up and the ctypes import still come before it, so what
-  really holds is that it is started only once no policy process is alive (the env kills them all first): nothing
-  exists that could attach in that moment, and everything it forks afterwards is non-dumpable too.
+- The judge is non-dumpable from its first instruction (a same-uid process can neither ptrace it nor open
+  /proc/<pid>/mem or fd/*): the host starts it from the sandbox's execute-only interpreter copy
+  (`Sandbox.judge_python`, which the command user can run but not read), and the kernel makes a process started from
+  an unreadable binary non-dumpable at its execve. Everything it forks stays so. Its first statement still turns it
+  non-dumpable, for sandboxes without that copy (user images, non-root hosts), where the interpreter's start-up
+  comes before it and what holds is that it starts only once no policy process is alive (the env kills them all
+  first); the result line says which it was (`nondumpable_from_exec`).
 - The judge moves its own stdout aside (fd 1 becomes /dev/null) and writes the one result line at the very end:
-  RESULT_MARK + nonce + " " + {"results": [[name, passed, message], ...]}.
+  RESULT_MARK + nonce + " " + {"results": [[name, passed, message], ...], "nondumpable_from_exec": bool}.
 
 A solution that hangs is killed (with its process group) at the test's timeout; one that crashes, exits, raises or
 returns something that is not plain data fails that test with a message saying so.
@@ -39,19 +43,23 @@ import sys
 
 def _make_non_dumpable():
     """prctl(PR_SET_DUMPABLE, 0): same-uid processes can no longer ptrace us or open /proc/<pid>/mem, fd/*, environ.
-    Inherited by the forks. Best effort (not Linux, no libc)."""
+    Inherited by the forks. Returns whether we already were (started from an unreadable interpreter). Best effort
+    (not Linux, no libc)."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
+        libc = ctypes.CDLL(None, use_errno=True)
+        was = libc.prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+        libc.prctl(4, 0, 0, 0, 0)
+        return was == 0
     except (ImportError, OSError, AttributeError):
-        pass
+        return False
 
 
 # First, before any other import: drop the cwd / script dir from sys.path so a planted ctypes.py or json.py cannot
-# shadow the stdlib, then turn non-dumpable (ctypes is the only import before that).
+# shadow the stdlib, then turn non-dumpable (ctypes is the only import before that) if exec did not already.
 sys.path[:] = [p for p in sys.path if p not in ("", ".")]
-_make_non_dumpable()
+NONDUMPABLE_FROM_EXEC = _make_non_dumpable()
 
 import ast  # noqa: E402
 import builtins  # noqa: E402
@@ -686,7 +694,8 @@ def main():
         results = run_all(spec, spawner)
     finally:
         spawner.close()
-    line = RESULT_MARK + str(spec.get("nonce", "")) + " " + json.dumps({"results": results}) + "\n"
+    report = {"results": results, "nondumpable_from_exec": NONDUMPABLE_FROM_EXEC}
+    line = RESULT_MARK + str(spec.get("nonce", "")) + " " + json.dumps(report) + "\n"
     view = memoryview(line.encode("utf-8"))
     while view:
         view = view[os.write(report_fd, view):]

@@ -9,15 +9,20 @@ The report is believed only when the harness exited 0 and the last line of its s
 the per-run nonce this module generated and passed on stdin (the harness never shows it to solution code), with one
 row per test in order. Anything else (a forged line, a killed harness, a timeout) is "no report": 0 passed.
 
-No grader runs while a policy process is alive: every harness run (visible tests included) starts only after
-`kill_all()` left no process of the policy in the sandbox, so nothing of the policy can reach the judge in the
-moment before it turns non-dumpable (a daemon that opened its memory then could rewrite its verdicts).
+The judge is non-dumpable from its first instruction: it is started from the sandbox's execute-only interpreter
+(`Sandbox.judge_python`; the kernel makes a process started from a binary its user cannot read non-dumpable at
+execve), so a same-uid process can never open its memory or fds. And no grader runs while a policy process is alive:
+every harness run (visible tests included) starts only after `kill_all()` left no process of the policy in the
+sandbox. Without that interpreter (user images, non-root hosts) the judge runs on `python3` and turns non-dumpable
+at its first statement, after the interpreter's start-up: then the kill alone keeps a daemon from opening its memory
+in that moment (and rewriting its verdicts); a warning says so once per process.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import secrets
 from collections.abc import Sequence
 from importlib.resources import files
@@ -33,6 +38,8 @@ SOLUTION_FILE = "solution.py"
 MAIN_FILE = "main.py"
 RESULT_MARK = "AGENTRL_HARNESS_RESULT "
 HARNESS_SLACK_S = 15.0  # interpreter start + compile, on top of the tests' own budget
+log = logging.getLogger("agentrl.envs.code_tests")
+_warned: set[str] = set()
 
 
 def harness_source() -> str:
@@ -65,10 +72,36 @@ async def run_harness(sandbox: Sandbox, data: Any, solution: str, tests: Sequenc
     await sandbox.kill_all()  # nothing of the policy may be alive while the judge starts (module docstring)
     nonce = new_nonce()
     spec = harness_spec(data, solution, tests, timeout_s=timeout_s, budget_s=budget_s, nonce=nonce)
-    result = await sandbox.exec(["python3", "-I", "-c", harness_source()], stdin=spec,
-                                timeout=budget_s + HARNESS_SLACK_S)
+    result = await sandbox.exec(judge_argv(sandbox, harness_source()), stdin=spec, timeout=budget_s + HARNESS_SLACK_S)
     report = parse_harness_output(result, [name for name, _ in tests], nonce)
+    if report.error is None:
+        _warn_if_dumpable_at_start(sandbox.judge_python,
+                                   _line_fields(result, nonce).get("nondumpable_from_exec") is True)
     return report.model_copy(update={"subject": solution_digest(solution)})
+
+
+def judge_argv(sandbox: Sandbox, program: str) -> list[str]:
+    """The command that runs `program` as the judge: on the sandbox's execute-only interpreter when it has one
+    (non-dumpable from execve), else on python3; isolated mode (-I: no cwd, user site or PYTHON* variables)."""
+    return [sandbox.judge_python or "python3", "-I", "-c", program]
+
+
+def _warn_if_dumpable_at_start(judge: str | None, nondumpable: bool) -> None:
+    """Once per process and reason: the judge was dumpable during its start-up (only kill_all guarded it)."""
+    if nondumpable:
+        return
+    why = ("the sandbox has no execute-only interpreter for it (Sandbox.judge_python: a user image or a non-root "
+           "host)" if judge is None else f"it was started from {judge} but the kernel did not make it non-dumpable "
+           "at execve (a command spawner that still held privileges, e.g. the agent's setpriv fallback)")
+    if why not in _warned:
+        _warned.add(why)
+        log.warning("code_tests judge: dumpable until its first statement because %s; only the kill of every "
+                    "policy process before it starts guards its start-up", why)
+
+
+def _line_fields(result: ExecResult, nonce: str) -> dict[str, Any]:
+    """The JSON object of a believed result line (parse_harness_output checked it)."""
+    return json.loads(result.stdout.rstrip("\n").split("\n")[-1][len(f"{RESULT_MARK}{nonce} "):])
 
 
 def solution_digest(solution: str) -> str:

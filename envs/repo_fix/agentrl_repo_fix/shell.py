@@ -8,9 +8,11 @@ directory, variables, functions and aliases carry over between calls. Built on t
               writes `done <id>` to the FIFO <dir>/out, then waits for a `nonce <n>` line on <dir>/in and answers
               `rc <id> <n> <exit code>`; `exit` in a command reaches its EXIT trap (`exit <id> <code>`)
     a call    the host writes cmd.<id> and runs CLIENT (python, non-dumpable: the command cannot read its memory or
-              fds) with a fresh random nonce on its stdin. CLIENT sends `run <id>`, waits for `done <id>` until the
-              timeout, kills every other process of the sandbox user but the shell (background jobs, and on a timeout
-              the command's foreground process), then sends the nonce and accepts only `rc <id> <that nonce> <code>`.
+              fds; from its execve on where the sandbox has an execute-only interpreter, Sandbox.judge_python, else
+              from its first statement) with a fresh random nonce on its stdin. CLIENT sends `run <id>`, waits for
+              `done <id>` until the timeout, kills every other process of the sandbox user but the shell (background
+              jobs, and on a timeout the command's foreground process), then sends the nonce and accepts only
+              `rc <id> <that nonce> <code>`.
               A command cannot see that nonce before it has finished, so a forged `done` / `rc` / `exit` line (any
               process can write the FIFOs) cannot fake an exit code or end the call while a process of it still runs
               (shell builtins of the command itself can still answer for the shell: docs/envs/repo_fix.md).
@@ -256,8 +258,8 @@ class ShellSessions:
         cid = secrets.token_hex(6)
         nonce = secrets.token_hex(16)
         await sandbox.write_file(f"{session.dir}/cmd.{cid}", command)
-        argv = ["python3", "-I", "-S", "-c", CLIENT, session.dir, cid, str(session.pid), f"{timeout_s:g}",
-                str(half), "1" if sandbox.uid_separated else "0"]
+        argv = [sandbox.judge_python or "python3", "-I", "-S", "-c", CLIENT, session.dir, cid, str(session.pid),
+                f"{timeout_s:g}", str(half), "1" if sandbox.uid_separated else "0"]
         res = await sandbox.exec(argv, stdin=nonce + "\n", timeout=timeout_s + CLIENT_GRACE_S)
         header, _, text = res.stdout.partition("\n")
         try:
