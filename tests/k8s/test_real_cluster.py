@@ -243,6 +243,11 @@ async def test_commands_run_as_uid_1000_and_cannot_kill_the_agent(real_cluster: 
         uids = (await _run(sb, "for p in 1 $(grep -ls -e 'agen[t].py' -e 'agentrl rela[y]' /proc/[0-9]*/cmdline | "
                                "cut -d/ -f3); do awk '/^Uid:/ {print $2}' /proc/$p/status; done")).stdout.split()
         assert len(uids) >= 3 and "1000" not in uids, f"a process of the control plane runs as the commands' uid: {uids}"
+        # graders start from an execute-only python3 in the commands' container: non-dumpable from exec
+        assert await sb.health() and sb.judge_python, sb.agent_info
+        r = await _run(sb, f"{sb.judge_python} -I -S -c 'import time; time.sleep(3)' & sleep 0.5; "
+                           f"stat -c %U /proc/$!/mem; cat {sb.judge_python} > /dev/null 2>&1 || echo unreadable")
+        assert r.stdout.split()[-2:] == ["root", "unreadable"], r
         await _run(sb, "kill -TERM 1; kill -KILL 1; for p in /proc/[0-9]*; do grep -qs -e 'agen[t].py' "
                        "-e 'agentrl rela[y]' $p/cmdline && kill -KILL ${p#/proc/}; done; true", timeout=10)
         await asyncio.sleep(1)
