@@ -10,7 +10,8 @@ pod status as a kubelet does (scheduled, podIP, init/container states, Ready fro
 Failed when a container exits), enforces `activeDeadlineSeconds` (phase Failed, reason DeadlineExceeded), finishes
 graceful deletions (SIGTERM, then SIGKILL after the grace period, then removes the object), and reports images in
 `bad_images` as ErrImagePull / ImagePullBackOff. Pods not matching `run_selector` become Running without processes
-(e.g. the rollout workers' own pods). Not simulated: images, users (an agent's `--run-as UID:GID` is dropped: on a
+(e.g. the rollout workers' own pods). A pod's containers share the host's pid and network namespaces, so
+`shareProcessNamespace` and the relay's abstract socket (named per pod) behave as on a node. Not simulated: images, users (an agent's `--run-as UID:GID` is dropped: on a
 shared host a command user's kill(-1) would reach every process of that uid), read-only mounts, resource limits,
 networking policy.
 
