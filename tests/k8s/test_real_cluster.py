@@ -281,3 +281,44 @@ async def test_commands_cannot_exhaust_the_agents_resources(real_cluster: Any, a
     finally:
         await sb.close()
         await backend.destroy(handle)
+
+
+FLOOD = """
+import os, socket, sys, time
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+held = []
+for i in range(n):
+    try:
+        s = socket.create_connection((host, port), timeout=2)
+    except OSError:
+        continue
+    if i % 2:
+        s.sendall(b"POST /exec HTTP/1.1\\r\\nHost: agent\\r\\n")  # a head that never ends
+    held.append(s)
+print(len(held), flush=True)
+time.sleep(20)
+"""
+
+
+async def test_a_connection_flood_from_inside_the_pod_leaves_the_agent_serving(real_cluster: Any) -> None:
+    """A command holds hundreds of connections to the agent's port (the pod's network namespace is shared): the
+    agent gives them no thread and the host's new connections are still served."""
+    backend = real_cluster.backend()
+    spec = real_cluster.spec.model_copy(update={"memory": "256m", "cpus": 0.5})
+    handle = await backend.create(spec, {})
+    sb = Sandbox(handle, spec)
+    try:
+        host, port = handle.endpoint.address.rsplit(":", 1)
+        await sb.write_file("flood.py", FLOOD)
+        r = await _run(sb, f"setsid python3 flood.py {host.strip('[]')} {port} 400 > flood.out 2>&1 < /dev/null & "
+                           "sleep 6; cat flood.out", timeout=30)
+        assert int(r.stdout.split()[0]) >= 200, r
+        for _ in range(3):
+            fresh = Sandbox(handle, spec)
+            async with asyncio.timeout(20):
+                assert (await fresh.exec("echo served")).stdout == "served\n"
+            await fresh.close()
+        assert await sb.kill_all() >= 1
+    finally:
+        await sb.close()
+        await backend.destroy(handle)
