@@ -9,7 +9,8 @@ answering health checks. It does not own isolation or limits: the backend that s
 
     agent.py --unix PATH --workspace DIR [--run-as UID:GID] [--writable D1:D2] [--cgroups v1|v2:D1[:D2...]]
                                                                                (local / docker: unix socket)
-    agent.py --tcp HOST:PORT --token-file F --workspace DIR [--run-as U:G]     (kubernetes: bearer token required)
+    agent.py --tcp HOST:PORT --token-file F --workspace DIR [--run-as U:G] [--relay NAME]
+                                                                    (kubernetes: bearer token required)
     [--exit-grace S]: how long pipes held by a command's leftovers may delay its answer after it exits (0.1 s)
     [--handshake-timeout S]: how long a new connection may take to send its first request head (10 s)
 
@@ -39,6 +40,15 @@ and so is every command it starts; without the spawner each command is started t
 through the cgroup: `cgroup.kill` (v2) or SIGKILL of every process in `commands`' cgroup.procs, round after round, no
 fork needed, until the reaper has released their pids; and /kill_all removes the sandbox's SysV IPC objects (shared
 memory charged to the commands would otherwise outlive every process).
+
+Commands in another container (`--relay NAME`, kubernetes): the agent runs in a container of its own and every
+command runs in the pod's sandbox container, under that container's limits (`resources_separated`). The spawner is
+started there by the relay (RELAY_SOURCE, that container's main process, uid 0 with only CAP_SETUID / CAP_SETGID) on
+the agent's request over the abstract unix socket NAME; each side checks the other's uid (SO_PEERCRED), so a command
+can neither ask the relay for a process nor pose as a relay. The pod shares one pid namespace, so /kill_all reaches
+the commands; pids are counted per pod, so the agent keeps PARKED_WORKERS threads from start-up and /kill_all
+signals the command user from its own thread (kill_all_as: raw per-thread setresuid, kill(-1)): neither needs a new
+thread or process when the commands hold every pid. There is no fallback to starting commands itself.
 
 Protocol (JSON bodies, HTTP/1.1 keep-alive with Content-Length). One acceptor thread holds every new connection
 until its first request head is complete (bounded count, size and time) and checks the bearer token; only an
