@@ -66,6 +66,7 @@ from typing import Any, TypeVar
 from agentrl.errors import (
     ConfigError,
     MissingDependencyError,
+    SandboxEngineUnreachable,
     SandboxError,
     SandboxStartError,
 )
@@ -259,7 +260,7 @@ class DockerBackend:
             return docker.APIClient(base_url=base_url, version="auto", timeout=int(self._api_timeout_s),
                                     max_pool_size=self._max_workers)
         except docker.errors.DockerException as e:
-            raise SandboxStartError(
+            raise SandboxEngineUnreachable(
                 f"Docker Engine not reachable at {base_url} ({e}); start dockerd (as root: .ci/docker-setup.sh), or "
                 "point sandbox.backend.docker_host / DOCKER_HOST at a running local engine") from e
 
@@ -314,11 +315,15 @@ class DockerBackend:
                 f"sandbox image {spec.image!r} not found in the Docker Engine: build it (agentrl/python: "
                 "`sandbox_images/build.sh --offline-base`; an env's per-task images: its own command, e.g. "
                 "`python -m agentrl_repo_fix images`), or set sandbox.spec.image to an image that exists") from e
+        except requests.ConnectionError as e:  # refused / no socket: dockerd is away, not this container's fault
+            raise SandboxEngineUnreachable(f"docker create {handle.id} ({spec.image}) failed: {_why(e)}") from e
         except (docker.errors.DockerException, requests.RequestException) as e:
             raise SandboxStartError(f"docker create {handle.id} ({spec.image}) failed: {_why(e)}") from e
         t1 = time.monotonic()
         try:
             await self._call(api.start, handle.id)
+        except requests.ConnectionError as e:
+            raise SandboxEngineUnreachable(f"docker start {handle.id} ({spec.image}) failed: {_why(e)}") from e
         except (docker.errors.DockerException, requests.RequestException) as e:
             raise SandboxStartError(f"docker start {handle.id} ({spec.image}) failed: {_why(e)}") from e
         handle.timings.update(create_s=t1 - t0, start_s=time.monotonic() - t1)
@@ -421,6 +426,9 @@ class DockerBackend:
     async def _raise_if_exited(self, handle: SandboxHandle) -> None:
         try:
             state = await self._state(handle)
+        except requests.ConnectionError as e:  # dockerd went away while the container started (it died with it)
+            raise SandboxEngineUnreachable(f"docker inspect {handle.id} failed while waiting for its agent: "
+                                           f"{_why(e)}") from e
         except (docker.errors.DockerException, requests.RequestException) as e:
             raise SandboxStartError(f"docker inspect {handle.id} failed while waiting for its agent: {_why(e)}") from e
         if state is not None and not state.get("Running"):
