@@ -146,8 +146,9 @@ def should_remove(labels: dict[str, str], *, now: float, host: str, run_id: str 
 DEATH_SETTLE_S = 3.0  # how long death_cause waits for dockerd to record an exit it has not seen yet
 
 
-def container_death_cause(state: dict[str, Any] | None) -> str | None:
-    """The death cause of a container from its inspect State (None: no such container). Pure, unit-tested."""
+def container_death_cause(state: dict[str, Any] | None, *, uid_separated: bool = False) -> str | None:
+    """The death cause of a container from its inspect State (None: no such container). `uid_separated`: the
+    commands run under another uid than the agent (root host), so they cannot signal it. Pure, unit-tested."""
     if state is None or state.get("Status") in ("removing", "dead"):
         return "deleted"
     if state.get("Running") or state.get("Status") in ("created", "restarting", "paused"):
@@ -160,6 +161,11 @@ def container_death_cause(state: dict[str, Any] | None) -> str | None:
         # killer: nothing inside can send it (pid 1 ignores signals from its own namespace; the commands run as
         # another uid under no-new-privileges), so it came from outside: `docker kill`, the host, an admin
         return "killed:9"
+    if code == 0 and uid_separated:
+        # the agent ends with status 0 only on SIGTERM (its handler cleans up and exits 0), which docker-init passes
+        # on from outside and no command can send it: `docker stop`, or dockerd stopping every container as it shuts
+        # down (it still answers inspect for a moment then: the cause is seen before the engine goes away)
+        return "killed:15"
     return f"signal:{code - 128}" if code > 128 else f"exited:{code}"
 
 
@@ -463,7 +469,8 @@ class DockerBackend:
     async def death_cause(self, handle: SandboxHandle) -> str | None:
         """From docker inspect: "deleted" (no such container, or being removed), "oom" (the kernel OOM-killed the
         container's agent: OOMKilled with a SIGKILL exit), "killed:9" (a SIGKILL from outside: `docker kill`, the
-        host), "signal:<n>" (exit code 128+n, as docker-init reports a signalled agent), "exited:<code>",
+        host), "killed:15" (uid-separated: the agent ended on SIGTERM, `docker stop` or dockerd shutting down),
+        "signal:<n>" (exit code 128+n, as docker-init reports a signalled agent), "exited:<code>",
         "engine_lost" (dockerd refuses or drops the connection: it stopped or is restarting); None while it still
         runs after DEATH_SETTLE_S, or when dockerd answers with an error."""
         deadline = time.monotonic() + DEATH_SETTLE_S
@@ -478,7 +485,7 @@ class DockerBackend:
             except (docker.errors.DockerException, requests.RequestException, OSError) as e:
                 log.warning("docker inspect %s failed: %s", handle.id, e)
                 return None
-            cause = container_death_cause(state)
+            cause = container_death_cause(state, uid_separated=self._root_host)
             if cause is not None or time.monotonic() >= deadline:
                 return cause
             await asyncio.sleep(0.1)

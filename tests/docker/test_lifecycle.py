@@ -87,6 +87,28 @@ async def test_container_killed_mid_trajectory_raises_sandbox_died_and_the_pool_
             assert (await again.exec("echo ok")).stdout == "ok\n"
 
 
+async def test_a_container_stopped_during_a_command_is_an_outside_cause() -> None:
+    """`docker stop` (SIGTERM; what dockerd does to every container when it shuts down for a restart, while it still
+    answers inspect) during the policy's command: the agent exits 0 on SIGTERM, which no command can send it, so the
+    cause is `killed:15` and the episode infra, not `exited:0` charged to the policy (found by the chaos soak)."""
+    from agentrl.runner.attribution import DeathFacts, Stage, classify
+
+    async with _pool(warm=0) as pool:
+        with pytest.raises(SandboxDiedError) as died:
+            async with pool.lease() as sb:
+                running = asyncio.create_task(sb.exec("sleep 30", timeout=60))
+                await asyncio.sleep(0.5)
+                await asyncio.to_thread(subprocess.run, ["docker", "stop", sb.id], check=True, capture_output=True)
+                try:
+                    async with asyncio.timeout(15):
+                        await running
+                finally:
+                    cause = await pool.death_cause(sb)
+    assert cause == "killed:15", cause
+    verdict = classify(died.value, Stage.turns, death=DeathFacts(in_flight=True, uid_separated=True, cause=cause))
+    assert verdict.infra and verdict.kind == "sandbox_lost:killed:15", verdict
+
+
 async def test_pool_recovers_after_dockerd_restarts() -> None:
     problem = restart_problem()
     if problem:
