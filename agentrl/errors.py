@@ -49,6 +49,11 @@ class SandboxStartError(SandboxError):
     pass
 
 
+class SandboxEngineUnreachable(SandboxStartError):
+    """The backend's container engine does not answer at all (dockerd stopped or restarting: its socket refuses or
+    is gone). Not a failed start: the pool waits for the engine to come back (`SandboxPool.engine_wait_s`)."""
+
+
 class SandboxDiedError(SandboxError):
     """The agent stopped answering. `in_flight` is a fact for failure attribution: True when the connection broke
     (or the deadline passed) after a request had been sent, i.e. the agent died or hung DURING that request (e.g.

@@ -17,6 +17,17 @@ SGLang stand-in. Every trajectory (task, sample) is assigned, deterministically 
              gone for the client's whole retry budget) or only one (a blip the client absorbs); the reward service
              answering 503 to every request (past its retries) or to one
 
+    dockerd restart  (docker, `--dockerd-restart-every SECONDS`) the sandboxes run on a private dockerd this script
+             starts (its own socket, data root, exec root, pid file; no bridge, no iptables: the sandboxes have no
+             network), with the sandbox image loaded into it by `docker save | docker load`; every SECONDS of the
+             chaos run it gets SIGTERM (no live-restore: it stops every container) and is started again. Before
+             each SIGTERM the script records the attempts in flight: the sandboxes running in that engine, by the
+             marker each trajectory's first command writes (attacks get that first command too when restarts
+             run), and the leased ones with no marker yet, matched afterwards to the attempt whose error names
+             them. Each must be recorded infra_error and retried to a right score (or have been done with its
+             sandbox: its own record final and scored right). The machine's dockerd is never touched; the private
+             one is stopped, unmounted and removed at the end (atexit too)
+
 The runner derives trajectory ids from the seed (`--deterministic`), so the engine, the reward service and the fault
 injector know every request's (task, sample, attempt). A fault hits attempt 0 only; the retry runs clean.
 
@@ -31,6 +42,7 @@ baseline.
     python benchmarks/bench_chaos.py [--backend local docker] [--tasks 25 --group-size 20] [--seed 0]
                                      [--attack-rate 0.3] [--fault-rate 0.35] [--concurrency 16] [--no-clean]
                                      [--attacks NAME ...] [--faults KIND ...] [--workdir DIR] [--json FILE]
+                                     [--dockerd-restart-every SECONDS]
 
 The code under test is whatever `agentrl` PYTHONPATH (or the venv) gives the CLI; the script itself only needs
 `agentrl.testing`, the stand-in and the seed derivation.
@@ -45,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
 import random
@@ -332,8 +345,9 @@ def container_of(agent: int) -> str | None:
 class Injector:
     """Applies a fault to the sandbox of one trajectory, from the host; keeps a record of each."""
 
-    def __init__(self, backend: str, state_root: Path, t0: float) -> None:
+    def __init__(self, backend: str, state_root: Path, t0: float, docker_host: str | None = None) -> None:
         self.backend, self.state_root, self.t0 = backend, state_root, t0
+        self.docker = ["docker", "-H", docker_host] if docker_host else ["docker"]
         self.records: list[FaultRecord] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -405,12 +419,198 @@ class Injector:
         if container is None:
             raise RuntimeError(f"agent pid {agent} is in no container")
         verb = {"container_rm": ["rm", "-f"], "container_kill": ["kill"]}[kind]
-        proc = await asyncio.create_subprocess_exec("docker", *verb, container, stdout=subprocess.DEVNULL,
+        proc = await asyncio.create_subprocess_exec(*self.docker, *verb, container, stdout=subprocess.DEVNULL,
                                                     stderr=subprocess.PIPE)
         _, err = await proc.communicate()
         if proc.returncode:
             raise RuntimeError(f"docker {' '.join(verb)}: {err.decode()[-300:]}")
         return container[:12]
+
+
+# -- a private Docker Engine, restarted as a fault ------------------------------------------------------------------
+
+
+class PrivateDockerd:
+    """A dockerd of this benchmark's own (socket, data root, exec root, pid file and config under `root`; no bridge, no
+    iptables: the sandboxes have no network), so restarting it touches no other job's containers. `restart()` is the
+    fault: SIGTERM (no live-restore: dockerd stops every container), wait for it to exit, start it again with the same
+    command line. `cleanup()` leaves the machine as it was: the daemon and its containerd stopped, the mounts under
+    `root` unmounted, `root` removed (also from atexit, if the benchmark dies before its `finally`)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.sock, self.log = root / "docker.sock", root / "dockerd.log"
+        self.host = f"unix://{self.sock}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.argv = ["dockerd", "-H", self.host, "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
+                     "--pidfile", str(root / "dockerd.pid"), "--config-file", str(root / "daemon.json"),
+                     "--bridge", "none", "--iptables=false", "--ip-masq=false", "--ip-forward=false",
+                     "--storage-driver", "overlay2", "--exec-opt", "native.cgroupdriver=cgroupfs",
+                     "--containerd-namespace", "agentrl-chaos", "--containerd-plugins-namespace",
+                     "agentrl-chaos-plugins", "--log-level", "warn"]
+
+    @staticmethod
+    def problem() -> str | None:
+        """Why a private dockerd cannot run here, or None."""
+        if os.geteuid() != 0:
+            return "a private dockerd needs root"
+        if shutil.which("dockerd") is None or shutil.which("docker") is None:
+            return "dockerd / docker not installed"
+        return None
+
+    def docker(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(["docker", "-H", self.host, *args], capture_output=True, check=False, **kw)
+
+    def start(self, timeout_s: float = 120.0) -> float:
+        """Start the daemon; return once it answers (seconds it took)."""
+        t0 = time.monotonic()
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "daemon.json").write_text("{}")  # not the machine's /etc/docker/daemon.json
+        with self.log.open("ab") as logf:
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                         start_new_session=True)
+        while self.docker("version", timeout=30).returncode != 0:
+            if self.proc.poll() is not None or time.monotonic() - t0 > timeout_s:
+                raise RuntimeError(f"private dockerd did not start (rc {self.proc.poll()}): "
+                                   f"{self.log.read_text(errors='replace')[-1500:]}")
+            time.sleep(0.2)
+        return time.monotonic() - t0
+
+    def stop(self, timeout_s: float = 90.0) -> None:
+        """SIGTERM and wait (dockerd stops its containers first); SIGKILL past `timeout_s`."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> float:
+        """The fault: stop, start again; returns the seconds the engine was away."""
+        t0 = time.monotonic()
+        self.stop()
+        self.start()
+        return time.monotonic() - t0
+
+    def load(self, image: str) -> None:
+        """`docker save IMAGE | docker -H <private> load` (offline: no registry)."""
+        save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
+        assert save.stdout is not None
+        load = subprocess.run(["docker", "-H", self.host, "load"], stdin=save.stdout, capture_output=True,
+                              check=False)
+        save.stdout.close()
+        if save.wait() != 0 or load.returncode != 0:
+            raise RuntimeError(f"loading {image} into the private dockerd failed: {load.stderr.decode()[-500:]}")
+
+    def container_pids(self) -> list[tuple[str, int]]:
+        """(name, host pid of its init) of each running container (two calls, however many containers: a snapshot
+        taken while the run goes on must be quick)."""
+        ids = self.docker("ps", "-q", timeout=60).stdout.decode().split()
+        if not ids:
+            return []
+        r = self.docker("inspect", "--format", "{{.Name}} {{.State.Pid}}", *ids, timeout=60)
+        rows = [line.split() for line in r.stdout.decode().splitlines()]
+        return [(row[0].lstrip("/"), int(row[1])) for row in rows if len(row) == 2 and row[1].isdigit()
+                and int(row[1]) > 0]
+
+    def cleanup(self) -> list[str]:
+        """Stop the daemon, end what it left running (its containerd and shims, found by this root in their command
+        line), unmount everything under `root` (deepest first) and remove it. Returns what was left to do by hand."""
+        self.stop()
+        root = str(self.root)
+        for pid in _pids_mentioning(root):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for mount in sorted(_mounts_under(root), reverse=True):
+            if subprocess.run(["umount", mount], capture_output=True, check=False).returncode:
+                subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
+        shutil.rmtree(self.root, ignore_errors=True)
+        left = [f"mount {m}" for m in _mounts_under(root)] + [f"pid {p}" for p in _pids_mentioning(root)]
+        if self.root.exists():
+            left.append(f"dir {root}")
+        return left
+
+
+def _mounts_under(root: str) -> list[str]:
+    prefix = root.rstrip("/") + "/"
+    found = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        target = line.split()[1].replace("\\040", " ")
+        if target.startswith(prefix):
+            found.append(target)
+    return found
+
+
+def _pids_mentioning(root: str) -> list[int]:
+    """Processes whose command line names `root` (the private dockerd's containerd and its shims: this run's own)."""
+    needle, out = root.encode(), []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                if needle in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    out.append(int(pid))
+            except OSError:
+                continue
+    return out
+
+
+@dataclass
+class RestartRecord:
+    t_s: float  # when dockerd got SIGTERM, seconds since the run started
+    down_s: float = 0.0  # until the restarted engine answered
+    affected: list[str] = field(default_factory=list)  # attempt ids whose sandbox was running (their marker)
+    unmarked_leased: list[str] = field(default_factory=list)  # leased containers (names) with no marker yet
+    warm: int = 0  # unleased warm containers (they die too; the pool replaces them)
+    note: str = ""
+
+
+class Restarter:
+    """Restarts the private dockerd every `every_s` seconds while a run lasts. Before each SIGTERM it records which
+    trajectory attempts had a sandbox in that engine (the marker each one's first command writes, read through the
+    agent's /proc/<pid>/root); an attempt that already asked the reward service is done with its sandbox and is not
+    counted."""
+
+    def __init__(self, dockerd: PrivateDockerd, every_s: float, t0: float, reward_answers: dict[str, list[int]]
+                 ) -> None:
+        self.dockerd, self.every_s, self.t0, self.answers = dockerd, every_s, t0, reward_answers
+        self.records: list[RestartRecord] = []
+        self.stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        """Until `stopping` is set; a restart in progress is finished first (it runs on a thread)."""
+        while True:
+            try:
+                await asyncio.wait_for(self.stopping.wait(), self.every_s)
+                return
+            except TimeoutError:
+                pass
+            rec = RestartRecord(t_s=0.0)
+            try:
+                await asyncio.to_thread(self._snapshot, rec)
+                rec.t_s = time.perf_counter() - self.t0
+                self.records.append(rec)
+                rec.down_s = round(await asyncio.to_thread(self.dockerd.restart), 2)
+            except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
+                rec.note = f"{type(exc).__name__}: {exc}"
+
+    def _snapshot(self, rec: RestartRecord) -> None:
+        for name, init in self.dockerd.container_pids():  # docker-init shares the agent's mount namespace
+            root = f"/proc/{init}/root"
+            try:
+                marker = Path(f"{root}{MARKER}").read_text()
+            except OSError:
+                marker = ""
+            if marker:
+                if marker not in self.answers:
+                    rec.affected.append(marker)
+            elif os.path.exists(f"{root}/workspace/solution.py"):  # env.setup wrote it: leased
+                rec.unmarked_leased.append(name)
+            else:
+                rec.warm += 1
 
 
 # -- the scripted model, the engine fault and the reward service ----------------------------------------------------
@@ -421,8 +621,9 @@ class ChaosModel:
     model turn on its first attempt: the sandbox has run the first command, the second is about to run)."""
 
     def __init__(self, tokenizer: Any, plan: dict[tuple[str, int], Slot], ids: Ids, tasks: dict[str, Any],
-                 injector: Injector | None) -> None:
+                 injector: Injector | None, *, mark_attacks: bool = False) -> None:
         self.plan, self.ids, self.tasks, self.injector = plan, ids, tasks, injector
+        self.mark_attacks = mark_attacks  # dockerd restarts: an attack's first turn writes the marker too
         self.engine = _HookedEngine(tokenizer, self.reply, self.before, self.after)
         self._scripts = {t: attack_scripts(task.data["entry_point"]) for t, task in tasks.items()}
         self._pending: dict[str, tuple[FaultRecord, int]] = {}
@@ -437,6 +638,8 @@ class ChaosModel:
         slot, attempt = self.slot(session)
         if slot.category == "attack":
             turns = self._scripts[slot.task_id][slot.name]
+            if self.mark_attacks:
+                turns = [_run(f"open({MARKER!r}, 'w').write({session!r})"), *turns]
             return turns[turn] if turn < len(turns) else "I am done."
         task = self.tasks[slot.task_id]
         if turn == 0:
@@ -575,7 +778,7 @@ REWARD_WEIGHTS = {"unit_tests": 1.0, "http": 1.0}
 
 
 def write_config(path: Path, *, backend: str, tasks: int, group_size: int, seed: int, out: Path, engine_url: str,
-                 model: Path, reward_url: str, concurrency: int) -> None:
+                 model: Path, reward_url: str, concurrency: int, docker_host: str | None = None) -> None:
     cfg = {
         "env": "code_tests", "env_options": ENV_OPTIONS, "tasks": tasks, "group_size": group_size, "seed": seed,
         "deterministic": True, "out": str(out), "max_trajectories": concurrency, "infra_retries": INFRA_RETRIES,
@@ -584,7 +787,8 @@ def write_config(path: Path, *, backend: str, tasks: int, group_size: int, seed:
         "budgets": {"max_turns": 4, "max_completion_tokens": 16384},
         "engine": {"type": "sglang", "urls": [engine_url], "model": str(model), "retries": 3,
                    "retry_backoff_s": 0.2},
-        "sandbox": {"backend": {"type": backend}, "warm": min(4, concurrency), "max_sandboxes": concurrency},
+        "sandbox": {"backend": {"type": backend, **({"docker_host": docker_host} if docker_host else {})},
+                    "warm": min(4, concurrency), "max_sandboxes": concurrency},
         "reward": [{"unit_tests": REWARD_WEIGHTS["unit_tests"]},
                    {"http": {"url": reward_url, "weight": REWARD_WEIGHTS["http"], "retries": 2, "backoff_s": 0.1,
                              "timeout_s": 60}}],
@@ -606,16 +810,23 @@ class RunResult:
     reward_answers: dict[str, list[int]] = field(default_factory=dict)
     stderr_tail: str = ""
     load: dict[str, float] = field(default_factory=dict)  # 1-minute load average during the run
+    restarts: list[RestartRecord] = field(default_factory=list)  # the private dockerd's restarts (docker only)
+    sandbox_of: dict[str, str] = field(default_factory=dict)  # attempt id -> the sandbox its error names
 
 
 async def run_once(*, backend: str, tasks: list[Any], group_size: int, seed: int, plan: dict[tuple[str, int], Slot],
-                   chaos: bool, tokenizer: Any, model_path: Path, concurrency: int, workdir: Path) -> RunResult:
+                   chaos: bool, tokenizer: Any, model_path: Path, concurrency: int, workdir: Path,
+                   dockerd: PrivateDockerd | None = None, restart_every_s: float = 0.0) -> RunResult:
+    """One `agentrl rollout`. `dockerd`: the docker sandboxes go to that private engine; with `restart_every_s`
+    (and `chaos`) it is restarted at that interval while the run lasts."""
     task_ids = [t.id for t in tasks]
     ids = Ids(seed, task_ids, group_size)
     t0 = time.perf_counter()
     state_root = Path(tempfile.mkdtemp(prefix="cx", dir="/tmp"))
-    injector = Injector(backend, state_root / "agentrl-sandboxes", t0) if chaos else None
-    model = ChaosModel(tokenizer, plan, ids, {t.id: t for t in tasks}, injector)
+    docker_host = dockerd.host if dockerd is not None and backend == "docker" else None
+    restarting = chaos and docker_host is not None and restart_every_s > 0
+    injector = Injector(backend, state_root / "agentrl-sandboxes", t0, docker_host) if chaos else None
+    model = ChaosModel(tokenizer, plan, ids, {t.id: t for t in tasks}, injector, mark_attacks=restarting)
     face = DroppingFace(StandIn(model.engine, model_path=model_path, validator=generate_validator(),
                                 worker_id="chaos"), model, t0)
     server = StandInServer(face)
@@ -626,10 +837,15 @@ async def run_once(*, backend: str, tasks: list[Any], group_size: int, seed: int
     for stale in (out, out.with_suffix(".summary.json")):
         stale.unlink(missing_ok=True)
     write_config(cfg, backend=backend, tasks=len(tasks), group_size=group_size, seed=seed, out=out,
-                 engine_url=engine_url, model=model_path, reward_url=reward_url, concurrency=concurrency)
+                 engine_url=engine_url, model=model_path, reward_url=reward_url, concurrency=concurrency,
+                 docker_host=docker_host)
     env = {**os.environ, "XDG_RUNTIME_DIR": str(state_root)}  # the local state root is this run's alone
+    if docker_host:  # the sandbox socket dirs too: a sweep against the private engine never sees another's sockets
+        env["TMPDIR"] = str(state_root)
     loads: list[float] = []
     sampler = asyncio.create_task(_sample_load(loads))
+    restarter = Restarter(dockerd, restart_every_s, t0, rewards.answers) if restarting and dockerd else None
+    restarts = asyncio.create_task(restarter.run()) if restarter else None
     try:
         with log.open("wb") as err:
             proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "agentrl.cli", "rollout", "--config",
@@ -639,6 +855,9 @@ async def run_once(*, backend: str, tasks: list[Any], group_size: int, seed: int
         if injector is not None:
             await injector.wait()
     finally:
+        if restarter is not None and restarts is not None:
+            restarter.stopping.set()
+            await restarts
         sampler.cancel()
         await server.stop()
         await rewards.stop()
@@ -646,8 +865,26 @@ async def run_once(*, backend: str, tasks: list[Any], group_size: int, seed: int
     text = log.read_text(errors="replace")
     trajs = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
     infra = [(m[1], m[2], m[3], int(m[4])) for m in INFRA_LINE.finditer(text)]
+    sandbox_of = named_sandboxes(text, trajs)
     return RunResult(backend, chaos, len(plan), wall, rc, trajs, infra, injector.records if injector else [],
-                     face.drops, dict(rewards.answers), text[-3000:], _load_summary(loads))
+                     face.drops, dict(rewards.answers), text[-3000:], _load_summary(loads),
+                     restarter.records if restarter else [], sandbox_of)
+
+
+SANDBOX_NAME = re.compile(r"agentrl-[0-9a-f]{12}")
+
+
+def named_sandboxes(log_text: str, trajectories: list[dict[str, Any]]) -> dict[str, str]:
+    """Attempt id -> the docker sandbox its error names (the agent's socket path carries the container name): from
+    the retry log (attempts recorded infra_error) and the stored records' errors (final attempts)."""
+    out = {}
+    for line in log_text.splitlines():
+        if (m := INFRA_LINE.search(line)) and (name := SANDBOX_NAME.search(line, m.end())):
+            out[m[1]] = name[0]
+    for t in trajectories:
+        if (name := SANDBOX_NAME.search(t.get("error") or "")) is not None:
+            out[t["id"]] = name[0]
+    return out
 
 
 async def _sample_load(out: list[float]) -> None:
@@ -670,8 +907,11 @@ def honest_reward() -> float:
     return sum(REWARD_WEIGHTS.values())
 
 
-def judge(run: RunResult, plan: dict[tuple[str, int], Slot]) -> dict[str, Any]:
-    """Per-backend report: counts, the invariants, and every trajectory that breaks one (with its error_kind)."""
+def judge(run: RunResult, plan: dict[tuple[str, int], Slot], *, restarts_expected: bool = False) -> dict[str, Any]:
+    """Per-backend report: counts, the invariants, and every trajectory that breaks one (with its error_kind).
+    With dockerd restarts, a trajectory may have more attempts than its category's own: each extra one must be an
+    infra_error the restarts caused (`restart_attempts`), and `restart_outcomes` judges every attempt in flight at a
+    restart."""
     stored: dict[tuple[str, int], dict[str, Any]] = {}
     dupes = 0
     for t in run.trajectories:
@@ -685,6 +925,8 @@ def judge(run: RunResult, plan: dict[tuple[str, int], Slot]) -> dict[str, Any]:
             infra_by_key[key].append((kind, attempt))
     faults_by_key = {(r.task_id, r.sample): r for r in run.faults}
     drops_by_id = Counter(d["traj_id"] for d in run.drops)
+    affected, unmapped = in_flight_at_restarts(run.restarts, run.sandbox_of)
+    by_restart = restart_attempts(run.infra_log, affected, _ATTEMPT) if run.restarts else {}
     report: dict[str, Any] = {
         "backend": run.backend, "requested": run.requested, "stored": len(stored), "duplicates": dupes,
         "lost": run.requested - len(stored), "rc": run.rc, "wall_s": round(run.wall_s, 1),
@@ -697,14 +939,14 @@ def judge(run: RunResult, plan: dict[tuple[str, int], Slot]) -> dict[str, Any]:
         t = stored.get(key)
         if slot.category == "honest":
             honest["n"] += 1
-            if t and t["status"] == "ok" and t["attempt"] == 0 and _close(t["reward"], honest_reward()):
+            if t and _scored_right(slot, t) and _only_restart_retries(t, by_restart.get(key, set())):
                 honest["ok"] += 1
             else:
                 honest["bad"].append(_brief(key, t, infra_by_key.get(key)))
         elif slot.category == "attack":
             a = attacks.setdefault(slot.name, {"n": 0, "scored": 0, "bad": []})
             a["n"] += 1
-            if t and t["status"] != "infra_error" and t["attempt"] == 0 and t["reward"] == 0.0:
+            if t and _scored_right(slot, t) and _only_restart_retries(t, by_restart.get(key, set())):
                 a["scored"] += 1
             else:
                 a["bad"].append(_brief(key, t, infra_by_key.get(key)))
@@ -714,6 +956,9 @@ def judge(run: RunResult, plan: dict[tuple[str, int], Slot]) -> dict[str, Any]:
             f["n"] += 1
             ok, injected, kinds = _fault_outcome(run, slot, t, infra_by_key.get(key, []), faults_by_key.get(key),
                                                  drops_by_id)
+            if 0 in by_restart.get(key, set()):  # a restart took its first attempt: the fault may never have come
+                f["preempted_by_restart"] = f.get("preempted_by_restart", 0) + 1
+                ok = bool(t and _scored_right(slot, t) and _only_restart_retries(t, by_restart[key]))
             f["injected"] += injected
             f["kinds"].update(kinds)
             if ok:
@@ -739,12 +984,104 @@ def judge(run: RunResult, plan: dict[tuple[str, int], Slot]) -> dict[str, Any]:
         "honest_scored_in_full": honest["ok"] == honest["n"],
         "run_completed": run.rc == 0,
     }
+    if restarts_expected or run.restarts:
+        r = restart_outcomes(sorted(affected), _ATTEMPT, plan, stored, infra_by_key)
+        extra = sum(len(v) for v in by_restart.values())
+        r.update({"restarts": len(run.restarts), "restart_failures": [x.note for x in run.restarts if x.note],
+                  "marked": sum(len(x.affected) for x in run.restarts),
+                  "unmarked_leased": sum(len(x.unmarked_leased) for x in run.restarts),
+                  "unmarked_unmapped": unmapped,
+                  "warm": sum(x.warm for x in run.restarts),
+                  "down_s": [x.down_s for x in run.restarts],
+                  "restart_infra_attempts": extra,
+                  "restart_infra_attempts_unidentified": extra - r["infra_retried_scored"]})
+        report["dockerd_restarts"] = r
+        report["invariants"]["dockerd_restarts_infra_and_retried"] = (
+            r["restarts"] >= 1 and not r["restart_failures"] and not r["bad"] and not unmapped
+            and r["infra_retried_scored"] + r["done_before_death"] == r["affected"])
     if run.rc != 0:
         report["stderr_tail"] = run.stderr_tail
     return report
 
 
 _ID_INDEX: dict[str, tuple[str, int]] = {}  # trajectory id (any attempt) -> (task, sample)
+_ATTEMPT: dict[str, tuple[str, int, int]] = {}  # trajectory id -> (task, sample, attempt)
+# what a dockerd restart leaves on the attempt it hits: in flight, the engine's socket refuses (engine_lost) or, asked
+# while dockerd stops its containers, the container ended on SIGTERM (killed:15); a lease or env setup while the
+# engine is away fails to start a sandbox
+RESTART_KINDS = ("sandbox_lost:engine_lost", "sandbox_lost:killed:15", "sandbox_start", "lease_failed",
+                 "setup_failed")
+
+
+def in_flight_at_restarts(restarts: list[RestartRecord], sandbox_of: dict[str, str]) -> tuple[set[str], list[str]]:
+    """The attempts whose sandbox was running when dockerd got SIGTERM: those whose marker the snapshot read, and
+    those whose leased sandbox had no marker yet, found by the sandbox their error names (such an attempt cannot
+    end without an error: its first command, grading and all, needed the sandbox that died). Also returns the
+    unmarked sandboxes no attempt's error names (each should be none)."""
+    attempt_of = {name: traj_id for traj_id, name in sandbox_of.items()}
+    affected = {traj_id for r in restarts for traj_id in r.affected}
+    unmapped = []
+    for r in restarts:
+        for name in r.unmarked_leased:
+            if name in attempt_of:
+                affected.add(attempt_of[name])
+            else:
+                unmapped.append(name)
+    return affected, unmapped
+
+
+def restart_attempts(infra_log: list[tuple[str, str, str, int]], affected: set[str],
+                     attempts: dict[str, tuple[str, int, int]]) -> dict[tuple[str, int], set[int]]:
+    """(task, sample) -> its attempts that a dockerd restart ended: recorded infra_error (the retry log) and either in
+    flight at a restart (`affected`: their marker was in a container when dockerd got SIGTERM) or with a kind only a
+    missing engine gives (RESTART_KINDS: a lease or setup while it was away, a command between the snapshot and the
+    SIGTERM)."""
+    out: dict[tuple[str, int], set[int]] = defaultdict(set)
+    for traj_id, _task, kind, attempt in infra_log:
+        if traj_id in attempts and (traj_id in affected or kind in RESTART_KINDS):
+            task, k, _ = attempts[traj_id]
+            out[(task, k)].add(attempt)
+    return dict(out)
+
+
+def _only_restart_retries(t: dict[str, Any], restart_hit: set[int]) -> bool:
+    """The record's earlier attempts are exactly those a restart ended (none without restarts: attempt 0)."""
+    return restart_hit == set(range(t["attempt"]))
+
+
+def _scored_right(slot: Slot, t: dict[str, Any]) -> bool:
+    """Honest (and fault) runs: ok with the full reward; attacks: scored, reward 0."""
+    if slot.category == "attack":
+        return t["status"] != "infra_error" and t["reward"] == 0.0
+    return t["status"] == "ok" and _close(t["reward"], honest_reward())
+
+
+def restart_outcomes(affected: list[str], attempts: dict[str, tuple[str, int, int]], plan: dict[tuple[str, int], Slot],
+                     stored: dict[tuple[str, int], dict[str, Any]],
+                     infra_by_key: dict[tuple[str, int], list[tuple[str, int]]]) -> dict[str, Any]:
+    """Each attempt in flight at a restart (its sandbox was in the engine that got SIGTERM) is one of:
+    `infra_retried_scored` - recorded infra_error (kind counted) and a later attempt scored right;
+    `done_before_death` - it needed its sandbox no more (grading done as dockerd stopped): its own record is the
+    final one, scored right, and no sandbox death is in it;
+    `bad` - anything else: lost, left unscored, charged to the policy (a sandbox death as policy_error, reward 0)."""
+    out: dict[str, Any] = {"affected": 0, "infra_retried_scored": 0, "done_before_death": 0, "kinds": Counter(),
+                           "bad": []}
+    for traj_id in sorted(set(affected)):
+        task, k, a = attempts[traj_id]
+        slot, t = plan[(task, k)], stored.get((task, k))
+        out["affected"] += 1
+        kinds = [kind for kind, attempt in infra_by_key.get((task, k), []) if attempt == a]
+        if t is not None and kinds and t["attempt"] > a and _scored_right(slot, t):
+            out["infra_retried_scored"] += 1
+            out["kinds"].update(kinds)
+        elif (t is not None and not kinds and t["attempt"] == a and _scored_right(slot, t)
+              and not (t["error_kind"] or "").startswith("sandbox_died")):
+            out["done_before_death"] += 1
+        else:
+            out["bad"].append({"traj_id": traj_id, "category": slot.category, "name": slot.name,
+                               **_brief((task, k), t, infra_by_key.get((task, k)))})
+    out["kinds"] = dict(out["kinds"])
+    return out
 
 
 def _fault_outcome(run: RunResult, slot: Slot, t: dict[str, Any] | None, infra: list[tuple[str, int]],
@@ -801,6 +1138,7 @@ def _index_ids(seed: int, task_ids: list[str], group_size: int) -> None:
     ids = Ids(seed, task_ids, group_size)
     for traj_id, (t, k, attempt) in ids.by_id.items():
         _ID_INDEX[traj_id] = (t, k)
+        _ATTEMPT[traj_id] = (t, k, attempt)
         if attempt == 0:
             _FIRST[(t, k)] = traj_id
 
@@ -831,7 +1169,9 @@ def fault_table(reports: list[dict[str, Any]]) -> str:
     for r in reports:
         for name, f in sorted(r["faults"].items()):
             kinds = ", ".join(f"{k} x{n}" for k, n in sorted(f["kinds"].items())) or "-"
-            rows.append(f"| {r['backend']} | {name} | {f['n']} | {f['injected']} | {f['handled']} | {kinds} |")
+            n_pre = f.get("preempted_by_restart", 0)
+            pre = f" ({n_pre} pre-empted by a dockerd restart)" if n_pre else ""
+            rows.append(f"| {r['backend']} | {name} | {f['n']} | {f['injected']}{pre} | {f['handled']} | {kinds} |")
     return "\n".join(rows)
 
 
@@ -849,6 +1189,38 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     # the CLI runs in workdir: `python -m` puts its cwd first on sys.path, so the code under test is PYTHONPATH's
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="agentrl-chaos-")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    dockerd = None
+    if args.dockerd_restart_every and "docker" in args.backend:
+        dockerd = await asyncio.to_thread(start_private_dockerd, SANDBOX_IMAGE)
+    try:
+        return await _run_backends(args, tasks, task_ids, tokenizer, model_path, workdir, dockerd)
+    finally:
+        if dockerd is not None:
+            left = await asyncio.to_thread(dockerd.cleanup)
+            print(f"private dockerd stopped and removed{'; LEFT: ' + ', '.join(left) if left else ''}",
+                  file=sys.stderr)
+
+
+SANDBOX_IMAGE = "agentrl/python:latest"
+
+
+def start_private_dockerd(image: str) -> PrivateDockerd:
+    """A private dockerd under a fresh temp dir, with `image` loaded from the machine's engine; removed at exit even
+    when the benchmark dies before its `finally` (atexit)."""
+    problem = PrivateDockerd.problem()
+    if problem:
+        raise SystemExit(f"--dockerd-restart-every: {problem}")
+    dockerd = PrivateDockerd(Path(tempfile.mkdtemp(prefix="agentrl-chaos-dockerd-", dir="/tmp")))
+    atexit.register(dockerd.cleanup)
+    t0 = time.monotonic()
+    dockerd.start()
+    dockerd.load(image)
+    print(f"private dockerd at {dockerd.host}, {image} loaded ({time.monotonic() - t0:.1f} s)", file=sys.stderr)
+    return dockerd
+
+
+async def _run_backends(args: argparse.Namespace, tasks: list[Any], task_ids: list[str], tokenizer: Any,
+                        model_path: Path, workdir: Path, dockerd: PrivateDockerd | None) -> list[dict[str, Any]]:
     reports = []
     for backend in args.backend:
         plan = make_plan(task_ids, args.group_size, seed=args.seed, attack_rate=args.attack_rate,
@@ -860,7 +1232,7 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
             clean_plan = {k: Slot(k[0], k[1], "honest", "") for k in plan}
             clean = await run_once(backend=backend, tasks=tasks, group_size=args.group_size, seed=args.seed,
                                    plan=clean_plan, chaos=False, tokenizer=tokenizer, model_path=model_path,
-                                   concurrency=args.concurrency, workdir=workdir)
+                                   concurrency=args.concurrency, workdir=workdir, dockerd=dockerd)
             clean_report = judge(clean, clean_plan)
             clean_wall = clean_report["wall_s"]
             clean_info = {k: clean_report[k] for k in ("stored", "lost", "load", "rc", "final_infra_error")}
@@ -869,13 +1241,14 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
                   f"{clean_report['honest']['ok']} full reward, {clean_wall} s", file=sys.stderr)
         run = await run_once(backend=backend, tasks=tasks, group_size=args.group_size, seed=args.seed, plan=plan,
                              chaos=True, tokenizer=tokenizer, model_path=model_path, concurrency=args.concurrency,
-                             workdir=workdir)
-        report = judge(run, plan)
+                             workdir=workdir, dockerd=dockerd, restart_every_s=args.dockerd_restart_every)
+        report = judge(run, plan, restarts_expected=backend == "docker" and args.dockerd_restart_every > 0)
         report.update({"clean_wall_s": clean_wall, "clean": clean_info, "load_before": load_before,
                        "load_after": uptime(),
                        "seed": args.seed, "attack_rate": args.attack_rate, "fault_rate": args.fault_rate,
                        "concurrency": args.concurrency, "workdir": str(workdir),
-                       "fault_log": [asdict(r) for r in run.faults]})
+                       "fault_log": [asdict(r) for r in run.faults],
+                       "restart_log": [asdict(r) for r in run.restarts]})
         reports.append(report)
         print(f"[{backend}] chaos run: {json.dumps(report['invariants'])}", file=sys.stderr)
     return reports
@@ -893,6 +1266,10 @@ def main() -> int:
     p.add_argument("--attacks", nargs="+", help=f"only these attacks (default all: {' '.join(ATTACKS)})")
     p.add_argument("--faults", nargs="+", help="only these faults (default all; see fault_kinds())")
     p.add_argument("--no-clean", action="store_true", help="skip the clean baseline run")
+    p.add_argument("--dockerd-restart-every", type=float, default=0.0, metavar="SECONDS",
+                   help="docker: run the sandboxes (clean and chaos runs) on a private dockerd this script starts, "
+                        "and restart it (SIGTERM, start again) every SECONDS during the chaos run (default 0: off, "
+                        "the machine's engine)")
     p.add_argument("--workdir", help="where trajectories, configs and CLI logs are kept (default: a temp dir)")
     p.add_argument("--json", type=Path, help="write the full report here")
     args = p.parse_args()
@@ -909,6 +1286,16 @@ def main() -> int:
                 print(f"{r['backend']}: fault {name}: {f['n'] - f['handled']} not handled: {f['bad'][:3]}")
         if r["honest"]["bad"]:
             print(f"{r['backend']}: honest not scored in full: {r['honest']['bad'][:3]}")
+        if "dockerd_restarts" in r:
+            d = r["dockerd_restarts"]
+            print(f"{r['backend']}: dockerd restarted {d['restarts']}x (away {d['down_s']} s): {d['affected']} "
+                  f"attempts in flight ({d['marked']} by their marker, {d['unmarked_leased']} leased before their "
+                  f"first command, {len(d['unmarked_unmapped'])} of these named by no error), "
+                  f"{d['infra_retried_scored']} recorded infra + retried to a score ({d['kinds']}), "
+                  f"{d['done_before_death']} done with their sandbox before it died, {len(d['bad'])} wrong "
+                  f"{d['bad'][:3]}; warm sandboxes lost {d['warm']}; attempts recorded with a restart's infra "
+                  f"kind {d['restart_infra_attempts']} ({d['restart_infra_attempts_unidentified']} not in flight at "
+                  f"a snapshot: leased between the snapshot and the SIGTERM, or while dockerd was away)")
     if args.json:
         args.json.write_text(json.dumps(reports, indent=1, default=str))
     return 0 if all(all(r["invariants"].values()) for r in reports) else 1

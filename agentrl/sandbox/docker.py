@@ -70,6 +70,7 @@ from typing import Any, TypeVar
 from agentrl.errors import (
     ConfigError,
     MissingDependencyError,
+    SandboxEngineUnreachable,
     SandboxError,
     SandboxStartError,
 )
@@ -161,8 +162,9 @@ def should_remove(labels: dict[str, str], *, now: float, host: str, run_id: str 
 DEATH_SETTLE_S = 3.0  # how long death_cause waits for dockerd to record an exit it has not seen yet
 
 
-def container_death_cause(state: dict[str, Any] | None) -> str | None:
-    """The death cause of a container from its inspect State (None: no such container). Pure, unit-tested."""
+def container_death_cause(state: dict[str, Any] | None, *, uid_separated: bool = False) -> str | None:
+    """The death cause of a container from its inspect State (None: no such container). `uid_separated`: the
+    commands run under another uid than the agent (root host), so they cannot signal it. Pure, unit-tested."""
     if state is None or state.get("Status") in ("removing", "dead"):
         return "deleted"
     if state.get("Running") or state.get("Status") in ("created", "restarting", "paused"):
@@ -175,6 +177,11 @@ def container_death_cause(state: dict[str, Any] | None) -> str | None:
         # killer: nothing inside can send it (pid 1 ignores signals from its own namespace; the commands run as
         # another uid under no-new-privileges), so it came from outside: `docker kill`, the host, an admin
         return "killed:9"
+    if code == 0 and uid_separated:
+        # the agent ends with status 0 only on SIGTERM (its handler cleans up and exits 0), which docker-init passes
+        # on from outside and no command can send it: `docker stop`, or dockerd stopping every container as it shuts
+        # down (it still answers inspect for a moment then: the cause is seen before the engine goes away)
+        return "killed:15"
     return f"signal:{code - 128}" if code > 128 else f"exited:{code}"
 
 
@@ -275,7 +282,7 @@ class DockerBackend:
             return docker.APIClient(base_url=base_url, version="auto", timeout=int(self._api_timeout_s),
                                     max_pool_size=self._max_workers)
         except docker.errors.DockerException as e:
-            raise SandboxStartError(
+            raise SandboxEngineUnreachable(
                 f"Docker Engine not reachable at {base_url} ({e}); start dockerd (as root: .ci/docker-setup.sh), or "
                 "point sandbox.backend.docker_host / DOCKER_HOST at a running local engine") from e
 
@@ -330,11 +337,15 @@ class DockerBackend:
                 f"sandbox image {spec.image!r} not found in the Docker Engine: build it (agentrl/python: "
                 "`sandbox_images/build.sh --offline-base`; an env's per-task images: its own command, e.g. "
                 "`python -m agentrl_repo_fix images`), or set sandbox.spec.image to an image that exists") from e
+        except requests.ConnectionError as e:  # refused / no socket: dockerd is away, not this container's fault
+            raise SandboxEngineUnreachable(f"docker create {handle.id} ({spec.image}) failed: {_why(e)}") from e
         except (docker.errors.DockerException, requests.RequestException) as e:
             raise SandboxStartError(f"docker create {handle.id} ({spec.image}) failed: {_why(e)}") from e
         t1 = time.monotonic()
         try:
             await self._call(api.start, handle.id)
+        except requests.ConnectionError as e:
+            raise SandboxEngineUnreachable(f"docker start {handle.id} ({spec.image}) failed: {_why(e)}") from e
         except (docker.errors.DockerException, requests.RequestException) as e:
             raise SandboxStartError(f"docker start {handle.id} ({spec.image}) failed: {_why(e)}") from e
         handle.timings.update(create_s=t1 - t0, start_s=time.monotonic() - t1)
@@ -438,6 +449,9 @@ class DockerBackend:
     async def _raise_if_exited(self, handle: SandboxHandle) -> None:
         try:
             state = await self._state(handle)
+        except requests.ConnectionError as e:  # dockerd went away while the container started (it died with it)
+            raise SandboxEngineUnreachable(f"docker inspect {handle.id} failed while waiting for its agent: "
+                                           f"{_why(e)}") from e
         except (docker.errors.DockerException, requests.RequestException) as e:
             raise SandboxStartError(f"docker inspect {handle.id} failed while waiting for its agent: {_why(e)}") from e
         if state is not None and not state.get("Running"):
@@ -472,7 +486,8 @@ class DockerBackend:
     async def death_cause(self, handle: SandboxHandle) -> str | None:
         """From docker inspect: "deleted" (no such container, or being removed), "oom" (the kernel OOM-killed the
         container's agent: OOMKilled with a SIGKILL exit), "killed:9" (a SIGKILL from outside: `docker kill`, the
-        host), "signal:<n>" (exit code 128+n, as docker-init reports a signalled agent), "exited:<code>",
+        host), "killed:15" (uid-separated: the agent ended on SIGTERM, `docker stop` or dockerd shutting down),
+        "signal:<n>" (exit code 128+n, as docker-init reports a signalled agent), "exited:<code>",
         "engine_lost" (dockerd refuses or drops the connection: it stopped or is restarting); None while it still
         runs after DEATH_SETTLE_S, or when dockerd answers with an error."""
         deadline = time.monotonic() + DEATH_SETTLE_S
@@ -487,7 +502,7 @@ class DockerBackend:
             except (docker.errors.DockerException, requests.RequestException, OSError) as e:
                 log.warning("docker inspect %s failed: %s", handle.id, e)
                 return None
-            cause = container_death_cause(state)
+            cause = container_death_cause(state, uid_separated=self._root_host)
             if cause is not None or time.monotonic() >= deadline:
                 return cause
             await asyncio.sleep(0.1)

@@ -36,7 +36,13 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from agentrl.errors import ConfigError, MissingDependencyError, SandboxError, SandboxStartError
+from agentrl.errors import (
+    ConfigError,
+    MissingDependencyError,
+    SandboxEngineUnreachable,
+    SandboxError,
+    SandboxStartError,
+)
 from agentrl.sandbox.base import SandboxBackend, SandboxSpec
 from agentrl.sandbox.client import Sandbox
 from agentrl.sandbox.gate import StartGate
@@ -50,6 +56,7 @@ BACKENDS: Mapping[str, tuple[str, str]] = {
     "kubernetes": ("agentrl.sandbox.kubernetes", "KubernetesBackend"),
 }
 TIMING_WINDOW = 10_000  # per-lease timings kept for stats()
+ENGINE_POLL_S = (0.5, 5.0)  # first / longest pause between starts while the backend's engine is away
 
 
 def make_backend(name: str, **options: Any) -> SandboxBackend:
@@ -84,7 +91,8 @@ class SandboxPool:
                  state_dir: str | os.PathLike[str] | None = None, start_timeout_s: float = 60.0,
                  start_attempts: int = 2, refill_concurrency: int = 4, sweep_on_start: bool = True,
                  backend_options: Mapping[str, Any] | None = None, max_starting: int | None = None,
-                 create_rate: float | None = None, cold_start_grace_s: float = 0.0) -> None:
+                 create_rate: float | None = None, cold_start_grace_s: float = 0.0,
+                 engine_wait_s: float = 300.0) -> None:
         if warm < 0 or max_sandboxes < 1 or start_attempts < 1 or refill_concurrency < 1:
             raise ConfigError(f"SandboxPool: need warm >= 0 (got {warm}), max_sandboxes >= 1 (got {max_sandboxes}),"
                               f" start_attempts >= 1 (got {start_attempts}), refill_concurrency >= 1")
@@ -100,7 +108,12 @@ class SandboxPool:
         # for a refill already in flight (only while refills outnumber the leases already waiting for one).
         if cold_start_grace_s < 0:
             raise ConfigError(f"SandboxPool: cold_start_grace_s={cold_start_grace_s}: use 0 (off) or more seconds")
+        if engine_wait_s < 0:
+            raise ConfigError(f"SandboxPool: engine_wait_s={engine_wait_s}: use 0 (no wait) or more seconds")
         self.cold_start_grace_s = cold_start_grace_s
+        # a start whose backend engine does not answer at all (dockerd restarting) waits this long for it to come
+        # back, polling: it is not a failed start attempt (a lease would otherwise fail in milliseconds)
+        self.engine_wait_s = engine_wait_s
         self._gate = StartGate(max_starting, create_rate)
         self._grace_waiters: Counter[str] = Counter()
         self._backend_arg = backend
@@ -258,14 +271,26 @@ class SandboxPool:
             return None
 
     async def _start(self, spec: SandboxSpec) -> Sandbox:
-        """Create a sandbox and confirm its agent answers; retry up to start_attempts. Raises SandboxStartError."""
+        """Create a sandbox and confirm its agent answers; retry up to start_attempts, and while the backend's engine
+        does not answer, wait for it (up to engine_wait_s; those tries are not attempts). Raises SandboxStartError."""
         last: BaseException | None = None
-        for attempt in range(1, self.start_attempts + 1):
+        attempt, away_since, pause = 0, None, ENGINE_POLL_S[0]
+        while attempt < self.start_attempts:
             try:
                 return await self._start_once(spec)
+            except SandboxEngineUnreachable as e:
+                self._counters["failures"] += 1
+                now = time.monotonic()
+                away_since = now if away_since is None else away_since
+                if now - away_since >= self.engine_wait_s:
+                    raise SandboxStartError(f"the sandbox engine did not come back within engine_wait_s="
+                                            f"{self.engine_wait_s:g}s: {e}") from e
+                log.warning("sandbox engine unreachable (%s); starting again in %.1fs", e, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, ENGINE_POLL_S[1])
             except (SandboxError, OSError) as e:
                 self._counters["failures"] += 1
-                last = e
+                last, attempt = e, attempt + 1
                 log.warning("sandbox start attempt %d/%d failed: %s", attempt, self.start_attempts, e)
         raise SandboxStartError(f"could not start a sandbox after {self.start_attempts} attempt(s): {last}") from last
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import docker
 import pytest
@@ -86,6 +87,28 @@ async def test_container_killed_mid_trajectory_raises_sandbox_died_and_the_pool_
             assert (await again.exec("echo ok")).stdout == "ok\n"
 
 
+async def test_a_container_stopped_during_a_command_is_an_outside_cause() -> None:
+    """`docker stop` (SIGTERM; what dockerd does to every container when it shuts down for a restart, while it still
+    answers inspect) during the policy's command: the agent exits 0 on SIGTERM, which no command can send it, so the
+    cause is `killed:15` and the episode infra, not `exited:0` charged to the policy (found by the chaos soak)."""
+    from agentrl.runner.attribution import DeathFacts, Stage, classify
+
+    async with _pool(warm=0) as pool:
+        with pytest.raises(SandboxDiedError) as died:
+            async with pool.lease() as sb:
+                running = asyncio.create_task(sb.exec("sleep 30", timeout=60))
+                await asyncio.sleep(0.5)
+                await asyncio.to_thread(subprocess.run, ["docker", "stop", sb.id], check=True, capture_output=True)
+                try:
+                    async with asyncio.timeout(15):
+                        await running
+                finally:
+                    cause = await pool.death_cause(sb)
+    assert cause == "killed:15", cause
+    verdict = classify(died.value, Stage.turns, death=DeathFacts(in_flight=True, uid_separated=True, cause=cause))
+    assert verdict.infra and verdict.kind == "sandbox_lost:killed:15", verdict
+
+
 async def test_pool_recovers_after_dockerd_restarts() -> None:
     problem = restart_problem()
     if problem:
@@ -100,6 +123,67 @@ async def test_pool_recovers_after_dockerd_restarts() -> None:
                 r = await sb.exec("echo after")
                 assert r.exit_code == 0 and r.stdout == "after\n", r
         assert pool.stats()["replaced"] >= 1
+
+
+class EngineProxy:
+    """The machine's Docker Engine behind a unix socket of this test's own, which the test takes away (socket gone,
+    open connections closed: what a client sees while dockerd restarts) and brings back. dockerd is never touched."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.host = path, f"unix://{path}"
+        self.engine = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://")
+        self._server: asyncio.AbstractServer | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+
+    async def up(self) -> None:
+        self._server = await asyncio.start_unix_server(self._pipe, path=str(self.path))
+
+    async def down(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for w in list(self._open):
+            w.close()
+        self.path.unlink(missing_ok=True)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_unix_connection(self.engine)
+        self._open |= {writer, up_w}
+
+        async def copy(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            try:
+                while data := await r.read(65536):
+                    w.write(data)
+                    await w.drain()
+            except OSError:
+                pass
+            finally:
+                w.close()
+                self._open.discard(w)
+
+        await asyncio.gather(copy(reader, up_w), copy(up_r, writer))
+
+
+async def test_a_lease_waits_for_an_engine_that_is_away(tmp_path: Path) -> None:
+    """dockerd does not answer (restarting) when a lease must start a sandbox: the pool waits for the engine and the
+    lease gets a working sandbox once it is back. Before, the start's attempts failed within milliseconds, so a
+    trajectory used up its infra retries during one restart and ended unscored (found by the chaos soak)."""
+    proxy = EngineProxy(tmp_path / "engine.sock")
+    await proxy.up()
+    try:
+        async with _pool(warm=0, backend_options={"docker_host": proxy.host}) as pool:
+            await proxy.down()
+            back = asyncio.get_running_loop().call_later(3.0, lambda: asyncio.ensure_future(proxy.up()))
+            t0 = time.monotonic()
+            try:
+                async with asyncio.timeout(120), pool.lease() as sb:
+                    assert (await sb.exec("echo back")).stdout == "back\n"
+            finally:
+                back.cancel()
+            assert time.monotonic() - t0 >= 2.5  # it waited for the engine
+            assert pool.stats()["failures"] >= 1  # and did try while it was away
+    finally:
+        await proxy.down()
 
 
 async def test_dockerd_restart_during_the_policys_command_is_infra_not_the_policys(smollm2_tokenizer) -> None:

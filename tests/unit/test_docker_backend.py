@@ -126,6 +126,16 @@ def test_container_death_cause(state: dict | None, cause: str | None) -> None:
     assert container_death_cause(state) == cause
 
 
+@pytest.mark.parametrize("code, cause", [(0, "killed:15"), (137, "killed:9"), (142, "signal:14"), (1, "exited:1")])
+def test_a_uid_separated_agent_ending_on_sigterm_was_stopped_from_outside(code: int, cause: str) -> None:
+    """The agent exits 0 only on SIGTERM, which no command can send a uid-separated agent: `docker stop`, or
+    dockerd stopping its containers as it shuts down (a restart; it still answers inspect then)."""
+    from agentrl.sandbox.docker import container_death_cause
+
+    state = {"Status": "exited", "Running": False, "ExitCode": code, "OOMKilled": False}
+    assert container_death_cause(state, uid_separated=True) == cause
+
+
 def test_writable_dirs_are_tmpfs_owned_like_the_workspace(tmp_path: Path) -> None:
     cfg = _config(SandboxSpec(disk="64m", writable_dirs=("/repo",)), tmp_path)
     tmpfs = cfg["host_config"]["Tmpfs"]
