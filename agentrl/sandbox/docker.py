@@ -172,10 +172,11 @@ def container_death_cause(state: dict[str, Any] | None, *, uid_separated: bool =
     code = int(state.get("ExitCode") or 0)
     if state.get("OOMKilled") and code in (137, -9):
         return "oom"
-    if code in (137, -9):
+    if code in (137, -9) and uid_separated:
         # SIGKILL of pid 1 (docker-init) or of the agent (root in the container), and not the container's OOM
         # killer: nothing inside can send it (pid 1 ignores signals from its own namespace; the commands run as
-        # another uid under no-new-privileges), so it came from outside: `docker kill`, the host, an admin
+        # another uid under no-new-privileges), so it came from outside: `docker kill`, the host, an admin. Without
+        # uid separation a command can SIGKILL its own agent (docker-init then exits 137): no proof, signal:9
         return "killed:9"
     if code == 0 and uid_separated:
         # the agent ends with status 0 only on SIGTERM (its handler cleans up and exits 0), which docker-init passes
