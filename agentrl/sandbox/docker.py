@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import logging
 import os
 import secrets
@@ -200,12 +201,16 @@ def _why(e: Exception) -> str:
     return f"{e} (is dockerd running? start it, e.g. .ci/docker-setup.sh)"
 
 
-def default_socket_root() -> Path:
-    """Where per-sandbox socket dirs live: the temp dir for root, else $XDG_RUNTIME_DIR (a per-user tmpfs)."""
+def default_socket_root(docker_host: str | None = None) -> Path:
+    """Where per-sandbox socket dirs live: the temp dir for root, else $XDG_RUNTIME_DIR (a per-user tmpfs). One
+    directory per engine (`docker_host`; None and $DOCKER_HOST mean the default one): a sweep removes the dirs of
+    sandboxes its engine does not know, so two engines must never share one."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
+    host = docker_host or os.environ.get("DOCKER_HOST") or ""
+    suffix = "-" + hashlib.sha256(host.encode()).hexdigest()[:8] if host else ""
     if os.geteuid() != 0 and runtime and os.path.isdir(runtime):
-        return Path(runtime) / "agentrl-docker"
-    return Path(tempfile.gettempdir()) / f"agentrl-docker-{os.geteuid()}"
+        return Path(runtime) / f"agentrl-docker{suffix}"
+    return Path(tempfile.gettempdir()) / f"agentrl-docker-{os.geteuid()}{suffix}"
 
 
 class DockerBackend:
@@ -226,7 +231,7 @@ class DockerBackend:
         if max_workers < 1:
             raise ConfigError(f"DockerBackend max_workers={max_workers}: use 1 or more")
         self._docker_host = docker_host
-        self._socket_root = (Path(state_dir) if state_dir is not None else default_socket_root()).absolute()
+        self._socket_root = (Path(state_dir) if state_dir is not None else default_socket_root(docker_host)).absolute()
         self._network = network
         self._max_workers = max_workers
         self._api_timeout_s = api_timeout_s

@@ -144,3 +144,16 @@ def test_writable_dirs_are_tmpfs_owned_like_the_workspace(tmp_path: Path) -> Non
     agent = cfg["command"]
     assert agent[agent.index("--writable") + 1] == "/repo", "the agent serves files there"
     assert "--writable" not in _config(SandboxSpec(), tmp_path)["command"]
+
+
+def test_each_engine_has_its_own_socket_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep removes socket dirs whose sandbox its engine does not know: two engines must never share the dir."""
+    from agentrl.sandbox.docker import default_socket_root
+
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    default = default_socket_root()
+    other = default_socket_root("unix:///run/other/docker.sock")
+    assert other != default and other.parent == default.parent
+    assert default_socket_root("unix:///run/other/docker.sock") == other  # stable across runs
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/other/docker.sock")
+    assert default_socket_root() == other  # the SDK picks $DOCKER_HOST: so does the dir
