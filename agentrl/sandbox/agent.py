@@ -901,6 +901,31 @@ while True:
         conn.close()
 """
 RELAY_TIMEOUT_S = 10.0  # connecting to the relay and getting its answer
+RELAY_WAIT_S = 300.0  # at start-up, how long the agent waits for the relay before it gives up (exit 1)
+
+
+def wait_for_relay(name: str, timeout_s: float = RELAY_WAIT_S) -> None:
+    """Block until the relay answers on `name` as a process of our uid (the sandbox container may start after the
+    agent's, and a 0.05-CPU container takes a while to start python): the agent listens, so the pod turns ready,
+    only after this, and a relay that stops answering later was ended by the commands. Exits when it never comes."""
+    end = time.monotonic() + timeout_s
+    why = "not started"
+    while time.monotonic() < end:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.settimeout(RELAY_TIMEOUT_S)
+            conn.connect("\0" + name)
+            cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+            if int.from_bytes(cred[4:8], sys.byteorder) == os.getuid():
+                return
+            why = "its name is held by a process of another uid"
+        except OSError as e:
+            why = str(e)
+        finally:
+            conn.close()
+        time.sleep(0.05)
+    sys.exit(f"agent: the relay {name!r} in the sandbox container did not answer within {timeout_s:g}s ({why}): "
+             "is that container running `python3 -I -S -c RELAY_SOURCE NAME`?")
 SPAWNER_START_TIMEOUT_S = 30.0  # a spawner not ready by then (or by the exec's deadline) is treated as gone
 STATUS_GRACE_S = 1.0  # after a command exited, how long its exit code may take to come from the spawner
 _SPAWNED, _EXITED = 1, 2
@@ -2237,6 +2262,8 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(d, exist_ok=True)
     libc = _prctl_setup()
     identity.setup(libc, opts["--workspace"], writable)
+    if "--relay" in opts:
+        wait_for_relay(opts["--relay"])
     agent = Agent(opts["--workspace"], identity, writable, CommandCgroup(opts.get("--cgroups")), libc,
                   exit_grace_s=_seconds(opts, "--exit-grace", EXIT_GRACE_S), relay=opts.get("--relay"))
     sock = _listen(opts)

@@ -878,3 +878,38 @@ async def test_connections_are_served_when_no_thread_can_start(tmp_path: Path) -
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_the_agent_is_ready_only_once_the_relay_answers(tmp_path: Path) -> None:
+    """In a pod the commands' container (0.05 CPU: a slow python start) may come up after the agent's: the agent
+    waits for the relay before it listens (the pod's readiness), so the first command never meets a missing relay
+    (that would be charged to the policy as a failed command)."""
+    if os.geteuid() != 0:
+        pytest.skip("--run-as needs root")
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="agrl-relay-late-", dir="/tmp"))
+    base.chmod(0o711)
+    uid = 60000 + (os.getpid() + 13) % 5000
+    name = f"agentrl-relay-late-{os.getpid()}"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    agent = subprocess.Popen([sys.executable, "-I", "-S", AGENT, "--unix", str(base / "a.sock"), "--workspace",
+                              str(base / "ws"), "--run-as", f"{uid}:{uid}", "--relay", name],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    relay = None
+    try:
+        await asyncio.sleep(1.0)
+        assert not (base / "a.sock").exists() and agent.poll() is None, "listening before the relay answered"
+        relay = subprocess.Popen([sys.executable, "-I", "-S", "-c", agent_mod.RELAY_SOURCE, name], env=env)
+        line = await asyncio.to_thread(agent.stdout.readline)
+        assert line.decode().strip() == agent_mod.READY_LINE
+        sb = _sandbox(base / "a.sock")
+        assert (await sb.exec("echo first")).stdout == "first\n"
+        await sb.close()
+    finally:
+        for p in (agent, relay):
+            if p is not None:
+                p.kill()
+                p.wait()
+        subprocess.run(["pkill", "-9", "-U", str(uid)], check=False)
+        subprocess.run(["rm", "-rf", str(base)], check=False)
