@@ -683,19 +683,24 @@ def test_a_flood_from_inside_cannot_push_out_the_hosts_connection_on_its_way(tmp
 # ---------------------------------------------------------------- the agent in a container of its own (kubernetes)
 
 
-@pytest.fixture
-def relayed(tmp_path: Path) -> Iterator[tuple[Sandbox, subprocess.Popen, subprocess.Popen, str, int]]:
-    """The kubernetes layout on one host: the relay (RELAY_SOURCE, the sandbox container's main process) and an agent
-    with --relay NAME and --run-as a uid no other process uses; `python3` on PATH is this interpreter."""
+def _relay_layout(tag: str, offset: int) -> tuple[Path, int, str, dict[str, str]]:
+    """A dir the command user can traverse, a uid no other process uses, the relay's name, and an environment whose
+    `python3` is this interpreter. Needs root (--run-as)."""
     if os.geteuid() != 0:
         pytest.skip("--run-as needs root")
     import tempfile
 
-    base = Path(tempfile.mkdtemp(prefix="agrl-relay-", dir="/tmp"))
+    base = Path(tempfile.mkdtemp(prefix=f"agrl-{tag}-", dir="/tmp"))
     base.chmod(0o711)
-    uid = 60000 + (os.getpid() + 7) % 5000
-    name = f"agentrl-relay-test-{os.getpid()}"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    return base, 60000 + (os.getpid() + offset) % 5000, f"agentrl-{tag}-{os.getpid()}", env
+
+
+@pytest.fixture
+def relayed(tmp_path: Path) -> Iterator[tuple[Sandbox, subprocess.Popen, subprocess.Popen, str, int]]:
+    """The kubernetes layout on one host: the relay (RELAY_SOURCE, the sandbox container's main process) and an agent
+    with --relay NAME and --run-as a uid no other process uses; `python3` on PATH is this interpreter."""
+    base, uid, name, env = _relay_layout("relay", 7)
     relay = subprocess.Popen([sys.executable, "-I", "-S", "-c", agent_mod.RELAY_SOURCE, name], env=env)
     time.sleep(0.3)
     proc = _start(["--unix", str(base / "a.sock"), "--workspace", str(base / "ws"), "--run-as", f"{uid}:{uid}",
@@ -884,15 +889,7 @@ async def test_the_agent_is_ready_only_once_the_relay_answers(tmp_path: Path) ->
     """In a pod the commands' container (0.05 CPU: a slow python start) may come up after the agent's: the agent
     waits for the relay before it listens (the pod's readiness), so the first command never meets a missing relay
     (that would be charged to the policy as a failed command)."""
-    if os.geteuid() != 0:
-        pytest.skip("--run-as needs root")
-    import tempfile
-
-    base = Path(tempfile.mkdtemp(prefix="agrl-relay-late-", dir="/tmp"))
-    base.chmod(0o711)
-    uid = 60000 + (os.getpid() + 13) % 5000
-    name = f"agentrl-relay-late-{os.getpid()}"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    base, uid, name, env = _relay_layout("relay-late", 13)
     agent = subprocess.Popen([sys.executable, "-I", "-S", AGENT, "--unix", str(base / "a.sock"), "--workspace",
                               str(base / "ws"), "--run-as", f"{uid}:{uid}", "--relay", name],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
