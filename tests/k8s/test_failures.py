@@ -7,6 +7,8 @@ one also on a real cluster)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -274,3 +276,63 @@ async def test_a_policy_exhausting_its_pod_is_still_graded_on_its_answer(real_cl
     assert traj.attempt == 0
     assert traj.tests is not None and traj.tests.passed == traj.tests.total >= 1, traj.tests
     assert traj.reward == 1.0
+
+
+def _kill_agent_of(pod: str) -> int:
+    """SIGKILL, from the host, the agent process of `pod` (its command line names the pod's relay): what a node
+    admin or a crashing runtime does. The host sees every pod's processes."""
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"agent.py") for a in argv) and f"agentrl-relay-{pod}".encode() in argv:
+            os.kill(int(entry), signal.SIGKILL)
+            killed += 1
+    return killed
+
+
+@pytest.mark.k8s
+@pytest.mark.timeout(300)
+async def test_the_agent_killed_from_outside_is_infra_and_retried(real_cluster: Any, smollm2_tokenizer: Any) -> None:
+    """The agent has its own container, which no command can signal or fill: its death by a signal (here SIGKILL
+    from the host while the model thinks) is an outside cause, infra_error and retried, and the retry scores. With
+    the agent in the commands' container this was charged to the policy (resources shared: no proof)."""
+    from agentrl.envs import get_env
+    from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
+    from agentrl.sandbox import SandboxPool
+    from agentrl.testing.scripted import ScriptedEngine
+    from agentrl.tools.render import ChatRenderer
+    from agentrl.types import SamplingParams, Status
+
+    env = get_env("code_tests", source="easy")
+    task = next(iter(env.tasks()))
+    reply = f"Here is my solution.\n```python\n{env.reference_solution(task)}\n```"
+    inner = ScriptedEngine(smollm2_tokenizer, [reply, "Done."])
+    killed: list[int] = []
+
+    class KillTheAgentOnFirstTurn:
+        def __getattr__(self, item: str) -> Any:
+            return getattr(inner, item)
+
+        async def generate(self, input_ids: list[int], sampling: SamplingParams, *, session_id: str) -> Any:
+            if not killed:
+                pod = (await real_cluster.pods("agentrl.io/state=claimed"))[0]["metadata"]["name"]
+                killed.append(await asyncio.to_thread(_kill_agent_of, pod))
+            return await inner.generate(input_ids, sampling, session_id=session_id)
+
+    spec = env.sandbox_spec.model_copy(update={"cpus": 0.2, "memory": "256m"})
+    rollout = Rollout(env=env, engine=KillTheAgentOnFirstTurn(), renderer=ChatRenderer(smollm2_tokenizer),
+                      sampling=SamplingParams(temperature=1.0, max_new_tokens=256,
+                                              stop_token_ids=[smollm2_tokenizer.eos_token_id]),
+                      budgets=Budgets(max_turns=3, max_completion_tokens=2048, context_window=4096))
+    async with SandboxPool(real_cluster.backend(), spec, max_sandboxes=2, run_id="agent-killed") as pool:
+        sched = Scheduler(rollout, pool, SchedulerConfig(group_size=1, infra_retries=1))
+        traj = await sched.run_one(task, group_id="g", sample_index=0)
+    assert killed == [1], killed
+    assert traj.attempt == 1, f"the first attempt must have been infra and retried: {traj.status} {traj.error_kind}"
+    assert traj.status is Status.ok and traj.reward == 1.0, traj.error

@@ -58,6 +58,7 @@ from agentrl.sandbox.kubernetes.pods import (
 )
 
 log = logging.getLogger("agentrl.sandbox")
+DEATH_SETTLE_S = 6.0  # how long death_cause() waits for the kubelet to report a container the agent died in
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
@@ -293,18 +294,25 @@ class KubernetesBackend:
 
     async def death_cause(self, handle: SandboxHandle) -> str | None:
         """From a fresh GET of the sandbox's pod (see `k8s_pods.death_cause`): 404 -> "deleted"; None when the API
-        does not answer."""
+        does not answer. The kubelet reports a dead container a moment after the fact (its pod lifecycle events): while
+        the pod still says running but the agent does not answer, it asks again, up to DEATH_SETTLE_S, so that an agent
+        killed from outside is not taken for one that died with no cause."""
         if self.api is None:
             return None
         pod_name = self._pod_names.get(handle.id, handle.id)
-        try:
-            pod = await self.api.request("GET", f"/api/v1/namespaces/{self.config.namespace}/pods/{pod_name}")
-        except ApiError as e:
-            if e.status == 404:
-                return "deleted"
-            log.warning("could not read pod %s to tell why it died: %s", pod_name, e)
-            return None
-        return pod_death_cause(pod)
+        end = time.monotonic() + DEATH_SETTLE_S
+        while True:
+            try:
+                pod = await self.api.request("GET", f"/api/v1/namespaces/{self.config.namespace}/pods/{pod_name}")
+            except ApiError as e:
+                if e.status == 404:
+                    return "deleted"
+                log.warning("could not read pod %s to tell why it died: %s", pod_name, e)
+                return None
+            cause = pod_death_cause(pod)
+            if cause is not None or time.monotonic() >= end or await probe_health(handle.endpoint, timeout_s=1.0):
+                return cause
+            await asyncio.sleep(0.25)
 
     async def sweep(self, *, run_id: str | None = None, all_runs: bool = False) -> int:
         """Delete agentrl sandboxes in the namespace and return how many: with neither argument, orphans (claimed by
