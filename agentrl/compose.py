@@ -221,6 +221,8 @@ def pool_from_config(cfg: RolloutConfig, spec: SandboxSpec, run_id: str, env: En
         spec = spec_for_env(spec, env)  # e.g. repo_fix's writable /repo, whatever the config's spec says
     if b.type == "docker" and b.docker_host:
         opts["docker_host"] = b.docker_host
+    if b.type == "docker" and b.separation != "auto":
+        opts["separation"] = b.separation
     if b.type == "kubernetes":
         opts["config"] = b
     return make_pool(b.type, spec, warm=s.warm, max_sandboxes=s.max_sandboxes, run_id=run_id,

@@ -104,6 +104,9 @@ class LocalSandboxConfig(_Config):
 class DockerSandboxConfig(_Config):
     type: Literal["docker"] = "docker"
     docker_host: str | None = None  # default: the environment's DOCKER_HOST / the local socket
+    # how the agent's memory / pids / CPU are kept from the commands' (docs/reward-integrity.md): host cgroups where
+    # the engine allows them (cgroup v1, cgroupfs driver), else the agent in a container of its own ("auto")
+    separation: Literal["auto", "cgroups", "containers", "off"] = "auto"
 
 
 SandboxBackendConfig = Annotated[LocalSandboxConfig | DockerSandboxConfig | KubernetesSandboxConfig,

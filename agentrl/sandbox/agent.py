@@ -41,14 +41,17 @@ through the cgroup: `cgroup.kill` (v2) or SIGKILL of every process in `commands`
 fork needed, until the reaper has released their pids; and /kill_all removes the sandbox's SysV IPC objects (shared
 memory charged to the commands would otherwise outlive every process).
 
-Commands in another container (`--relay NAME`, kubernetes): the agent runs in a container of its own and every
+Commands in another container (`--relay NAME`, kubernetes, and docker without host cgroups): the agent runs in a
+container of its own and every
 command runs in the pod's sandbox container, under that container's limits (`resources_separated`). The spawner is
 started there by the relay (RELAY_SOURCE, that container's main process, uid 0 with only CAP_SETUID / CAP_SETGID) on
 the agent's request over the abstract unix socket NAME; each side checks the other's uid (SO_PEERCRED), so a command
 can neither ask the relay for a process nor pose as a relay. The pod shares one pid namespace, so /kill_all reaches
 the commands; pids are counted per pod, so the agent keeps PARKED_WORKERS threads from start-up and /kill_all
 signals the command user from its own thread (kill_all_as: raw per-thread setresuid, kill(-1)): neither needs a new
-thread or process when the commands hold every pid. There is no fallback to starting commands itself.
+thread or process when the commands hold every pid. There is no fallback to starting commands itself. The commands'
+orphans go to that pid namespace's init, not to the agent: a command that kills or stops its own spawner (`kill -9
+-1`) keeps its output, but its exit code is lost (126 and a note: the policy's doing).
 
 Protocol (JSON bodies, HTTP/1.1 keep-alive with Content-Length). One acceptor thread holds every new connection
 until its first request head is complete (bounded count, size and time) and checks the bearer token; only an
@@ -56,7 +59,8 @@ authorized connection gets a worker thread (at most MAX_WORKERS), so a connectio
 costs no thread:
 
     GET  /health   -> {ok, pid, version, workspace, writable, uid_separated, command_uid, resources_separated,
-                       judge_python}   judge_python: the path of `judge-python` next to this file when the backend
+                       commands_apart, judge_python}   commands_apart: --relay, commands run in another container;
+                       judge_python: the path of `judge-python` next to this file when the backend
                        put an execute-only interpreter copy there (root's, no read bit: a process the command user
                        starts from it is non-dumpable from its execve on, the kernel's rule for unreadable
                        binaries), else null
@@ -1190,9 +1194,13 @@ class Spawner:
         spawner's answer), adopted by the reaper: a child of the agent (where the kernel re-parents the dead
         spawner's children) that holds the write end of its stdout pipe, or, once it exited, the one session leader
         the reaper reaped that started since the request. None when neither shows up within STATUS_GRACE_S / 4."""
-        if self._relay:  # its orphans go to the pod's pause process, never to the agent
-            return None
         end = time.monotonic() + STATUS_GRACE_S / 4
+        if self._relay:  # its orphans go to that pid namespace's init, never to the agent: a live one is found by
+            while True:  # its stdout (its output is kept, its exit code is lost); one that already exited is not
+                pid = self._live_orphan(out_r, any_parent=True)
+                if pid is not None or time.monotonic() > end:
+                    return pid
+                time.sleep(0.01)
         self._reaper.expect_orphans(STATUS_GRACE_S / 4)
         while True:
             pid = self._live_orphan(out_r)
@@ -1202,16 +1210,17 @@ class Spawner:
                 return pid
             time.sleep(0.01)
 
-    def _live_orphan(self, out_r: int) -> int | None:
+    def _live_orphan(self, out_r: int, any_parent: bool = False) -> int | None:
         target, me = f"pipe:[{os.fstat(out_r).st_ino}]", os.getpid()
         with self._identity.files():  # /proc/PID/fd of the command user's processes: their fsuid may look
             for name in os.listdir("/proc"):
                 fields = _proc_fields(name) if name.isdigit() else None
-                if fields is None or fields[1] != me:
+                if fields is None or (fields[1] != me and not any_parent):
                     continue
                 try:
                     if os.readlink(f"/proc/{name}/fd/1") == target:
-                        self._reaper.adopt(int(name))
+                        if not any_parent:
+                            self._reaper.adopt(int(name))
                         return int(name)
                 except OSError:
                     continue
@@ -1469,7 +1478,7 @@ class Agent:
                 "writable": list(self.writable),
                 "uid_separated": self.identity.separated, "command_uid": self.identity.uid,
                 "resources_separated": self.cgroup.enabled or self.relay is not None,
-                "judge_python": judge_python(self.identity)}
+                "commands_apart": self.relay is not None, "judge_python": judge_python(self.identity)}
 
     def exec(self, req: dict) -> dict:
         argv = _argv(req.get("cmd"))
@@ -1537,8 +1546,12 @@ class Agent:
 
     def _finish(self, run: ExecRun, proc: "subprocess.Popen | _Spawned", deadline: float, start: float) -> dict:
         spawned = isinstance(proc, _Spawned)
-        exited = (lambda: proc.link.exited(proc.pid)) if spawned and proc.link is not None \
-            else (lambda: self._reaper.exited(proc.pid))
+        if spawned and proc.link is not None:
+            exited = lambda: proc.link.exited(proc.pid)  # noqa: E731
+        elif spawned and self.relay and proc.pidfd is not None:  # an orphan elsewhere: its pidfd says when it ended
+            exited = lambda: bool(select.select([proc.pidfd], [], [], 0)[0])  # noqa: E731
+        else:
+            exited = lambda: self._reaper.exited(proc.pid)  # noqa: E731
         try:
             closed = run.pump(proc, deadline, exited, self.exit_grace_s)
         except BaseException:
@@ -1561,7 +1574,7 @@ class Agent:
         from the reaper (the command was re-parented to the agent); 126 and a note when neither has it."""
         try:
             code = self._spawner.wait(proc)
-            if code is None:
+            if code is None and not self.relay:  # with --relay no command is ever the agent's child
                 code = self._reaper.wait(proc.pid, STATUS_GRACE_S)
         finally:
             self._reaper.forget(proc.pid)

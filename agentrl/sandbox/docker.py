@@ -62,6 +62,7 @@ import shutil
 import socket
 import stat
 import tempfile
+from datetime import datetime
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -76,6 +77,7 @@ from agentrl.errors import (
     SandboxStartError,
 )
 from agentrl.sandbox import limits
+from agentrl.sandbox.agent import RELAY_SOURCE
 from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
 from agentrl.sandbox.client import probe_health
 
@@ -95,6 +97,9 @@ L_OWNER, L_RUN, L_HOST, L_PID, L_START = ("agentrl.owner", "agentrl.run_id", "ag
                                           "agentrl.owner_pid", "agentrl.owner_start")
 L_CREATED, L_TTL, L_SOCK = "agentrl.created_at", "agentrl.ttl_s", "agentrl.sock_dir"
 L_CGROUPS = "agentrl.cgroups"  # the sandbox's host cgroup directories (resource-separated), ":"-joined
+L_SANDBOX, L_ROLE, L_VOLUMES = "agentrl.sandbox", "agentrl.role", "agentrl.volumes"  # two containers: the sandbox's name, "agent" / "commands"
+COMMANDS_SUFFIX = "-cmd"  # two containers: the commands' container is named <sandbox>-cmd
+AGENT_CONTAINER_CPUS, AGENT_CONTAINER_MEMORY = 0.25, 256 << 20  # two containers: the agent's own budget
 CGROUP_MOUNT = "/agentrl-cgroup"  # where they appear in the container: /agentrl-cgroup/0, /1, ...
 AGENT_DIR = "/agentrl"
 AGENT_PATH = f"{AGENT_DIR}/agent.py"
@@ -117,6 +122,7 @@ os.execvp(sys.argv[2], sys.argv[2:])
 """
 RUN_ID_KEYS = (L_RUN, "agentrl/run-id", "run_id")  # where a caller's labels may carry the run id
 STALE_DIR_S = 300.0  # a socket dir with no container is removed by sweep() only when older than this
+SEPARATIONS = ("auto", "cgroups", "containers", "off")
 
 
 def _host_id() -> str:
@@ -187,6 +193,11 @@ def container_death_cause(state: dict[str, Any] | None, *, uid_separated: bool =
     return f"signal:{code - 128}" if code > 128 else f"exited:{code}"
 
 
+def _relay_name(sandbox: str) -> str:
+    """The relay's abstract socket (two containers): in the agent container's network namespace, one per sandbox."""
+    return f"agentrl-relay-{sandbox}"
+
+
 def _hierarchy_path(cgroup_dir: str) -> str | None:
     """`/sys/fs/cgroup/<controller>/a/b` -> `/a/b` (what docker's cgroupfs driver takes as a cgroup parent)."""
     parts = Path(cgroup_dir).parts
@@ -224,7 +235,7 @@ class DockerBackend:
     def __init__(self, *, docker_host: str | None = None, state_dir: str | os.PathLike[str] | None = None,
                  network: str = "bridge", max_workers: int = 16, api_timeout_s: float = 60.0,
                  start_timeout_s: float = 60.0, agent_file: Path | None = None,
-                 separate_resources: bool = True) -> None:
+                 separate_resources: bool = True, separation: str = "auto") -> None:
         if docker is None:
             raise MissingDependencyError(
                 "the docker sandbox backend needs the Docker SDK: pip install 'agentrl[docker]'")
@@ -239,6 +250,10 @@ class DockerBackend:
         self._agent_file = Path(agent_file) if agent_file is not None else Path(__file__).with_name("agent.py")
         self._threads = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="agentrl-docker")
         self.separate_resources = separate_resources  # False: one budget for agent and commands (benchmarks compare)
+        if separation not in SEPARATIONS:
+            raise ConfigError(f"DockerBackend separation={separation!r}: use one of {', '.join(SEPARATIONS)}")
+        self.separation = separation if separate_resources else "off"
+        self._mode: str | None = None  # "cgroups" | "containers" | "" (none), decided once
         self._limiter: limits.Limiter | None = None
         self._separation_checked = False
         self._plans: dict[str, limits.LimitPlan] = {}  # resource-separated sandboxes: their host cgroups
@@ -335,9 +350,28 @@ class DockerBackend:
 
     async def _create_and_start(self, handle: SandboxHandle, spec: SandboxSpec, sock_dir: Path) -> None:
         api = await self.api()
+        if self._mode == "containers":
+            volumes = await self._call(self._make_volumes, api, handle, spec)
+            configs = [self._container_config(api, handle, spec, sock_dir, volumes=volumes),
+                       self._commands_config(api, handle, spec, volumes)]
+        else:
+            configs = [self._container_config(api, handle, spec, sock_dir)]
         t0 = time.monotonic()
+        for config in configs:
+            await self._create(api, config, handle, spec)
+        t1 = time.monotonic()
+        for config in configs:  # the agent's first: the commands' joins its namespaces
+            try:
+                await self._call(api.start, config["name"])
+            except requests.ConnectionError as e:
+                raise SandboxEngineUnreachable(f"docker start {config['name']} ({spec.image}) failed: {_why(e)}") from e
+            except (docker.errors.DockerException, requests.RequestException) as e:
+                raise SandboxStartError(f"docker start {config['name']} ({spec.image}) failed: {_why(e)}") from e
+        handle.timings.update(create_s=t1 - t0, start_s=time.monotonic() - t1)
+
+    async def _create(self, api: Any, config: dict, handle: SandboxHandle, spec: SandboxSpec) -> None:
         try:
-            await self._call(api.create_container, **self._container_config(api, handle, spec, sock_dir))
+            await self._call(api.create_container, **config)
         except docker.errors.ImageNotFound as e:
             raise ConfigError(
                 f"sandbox image {spec.image!r} not found in the Docker Engine: build it (agentrl/python: "
@@ -346,32 +380,74 @@ class DockerBackend:
         except requests.ConnectionError as e:  # refused / no socket: dockerd is away, not this container's fault
             raise SandboxEngineUnreachable(f"docker create {handle.id} ({spec.image}) failed: {_why(e)}") from e
         except (docker.errors.DockerException, requests.RequestException) as e:
-            raise SandboxStartError(f"docker create {handle.id} ({spec.image}) failed: {_why(e)}") from e
-        t1 = time.monotonic()
-        try:
-            await self._call(api.start, handle.id)
-        except requests.ConnectionError as e:
-            raise SandboxEngineUnreachable(f"docker start {handle.id} ({spec.image}) failed: {_why(e)}") from e
-        except (docker.errors.DockerException, requests.RequestException) as e:
-            raise SandboxStartError(f"docker start {handle.id} ({spec.image}) failed: {_why(e)}") from e
-        handle.timings.update(create_s=t1 - t0, start_s=time.monotonic() - t1)
+            raise SandboxStartError(f"docker create {config['name']} ({spec.image}) failed: {_why(e)}") from e
+
+    def _make_volumes(self, api: Any, handle: SandboxHandle, spec: SandboxSpec) -> dict[str, str]:
+        """Two containers: the tmpfs mounts both see (mount path -> volume name), as tmpfs volumes of the local
+        driver (sized like the single container's tmpfs mounts), labelled for sweep() and removed by destroy()."""
+        uid, gid = self._command_user.split(":")
+        owned = f"size={spec.disk_bytes},uid={uid},gid={gid},mode=0755"
+        wanted = {AGENT_DIR: "size=64m,mode=0755", WORKSPACE: owned, "/tmp": f"size={spec.disk_bytes},mode=1777",
+                  **{d: owned for d in spec.writable_dirs}}
+        labels = {L_OWNER: OWNER, L_SANDBOX: handle.id, L_RUN: handle.labels.get(L_RUN, "")}
+        out: dict[str, str] = {}
+        for i, (path, opts) in enumerate(wanted.items()):
+            name = f"{handle.id}-v{i}"
+            api.create_volume(name=name, driver="local", labels=labels,
+                              driver_opts={"type": "tmpfs", "device": "tmpfs", "o": opts})
+            out[path] = name
+        handle.labels[L_VOLUMES] = ":".join(out.values())
+        return out
+
+    def _commands_config(self, api: Any, handle: SandboxHandle, spec: SandboxSpec, volumes: dict[str, str]) -> dict:
+        """Two containers: where the commands run, with the spec's limits, in the agent container's pid, ipc and
+        network namespaces; its main process is the relay (uid 0, only SETUID / SETGID), which starts the agent's
+        command spawner here (agent.py --relay)."""
+        name = handle.id + COMMANDS_SUFFIX
+        binds = {vol: {"bind": path, "mode": "ro" if path == AGENT_DIR else "rw"} for path, vol in volumes.items()}
+        host_config = api.create_host_config(
+            binds=binds, nano_cpus=int(spec.cpus * 1e9), mem_limit=spec.memory_bytes,
+            memswap_limit=spec.memory_bytes, pids_limit=spec.pids, network_mode=f"container:{handle.id}",
+            pid_mode=f"container:{handle.id}", ipc_mode=f"container:{handle.id}", read_only=True,
+            cap_drop=["ALL"], cap_add=["SETUID", "SETGID"], security_opt=["no-new-privileges"],
+            ulimits=[Ulimit(name="core", soft=0, hard=0), Ulimit(name="nofile", soft=4096, hard=4096)],
+            log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
+        )
+        return {"image": spec.image, "name": name, "user": "0:0", "working_dir": WORKSPACE,
+                "command": ["python3", "-I", "-S", "-c", RELAY_SOURCE, _relay_name(handle.id)],
+                "labels": {**handle.labels, L_SANDBOX: handle.id, L_ROLE: "commands"},
+                "environment": {"HOME": WORKSPACE}, "host_config": host_config}
 
     # ------------------------------------------------------------------ resource separation
 
     async def _separation(self, api: Any) -> limits.Limiter | None:
-        """The limiter that creates the separated cgroups, or None (then why is logged once)."""
+        """Decide once how the agent's resources are kept from the commands' (`self._mode`): "cgroups" (host cgroups;
+        returns their limiter), "containers" (the agent in a container of its own) or "" (one budget: why is
+        logged once)."""
         if not self._separation_checked:
-            self._limiter, why = await self._call(self._probe_separation, api)
+            self._limiter, self._mode, why = await self._call(self._probe_separation, api)
             self._separation_checked = True
-            if why:
+            if not self._mode:
                 log.warning("DockerBackend: the agent and the commands of a container share its limits (%s)", why)
+            elif why:
+                log.info("DockerBackend: the agent gets a container of its own (%s)", why)
         return self._limiter
 
-    def _probe_separation(self, api: Any) -> tuple[limits.Limiter | None, str]:
-        if not self.separate_resources:
-            return None, "separate_resources=False"
+    def _probe_separation(self, api: Any) -> tuple[limits.Limiter | None, str, str]:
+        if self.separation == "off":
+            return None, "", "separate_resources=False"
         if not self._root_host:
-            return None, "not running as root: no host cgroups can be created"
+            return None, "", "not running as root: the commands cannot get a uid of their own"
+        if self.separation == "containers":
+            return None, "containers", ""
+        limiter, why = self._probe_cgroups(api)
+        if limiter is not None:
+            return limiter, "cgroups", ""
+        if self.separation == "auto":
+            return None, "containers", f"no host cgroups: {why}"
+        return None, "", why
+
+    def _probe_cgroups(self, api: Any) -> tuple[limits.Limiter | None, str]:
         base_url = self._docker_host or os.environ.get("DOCKER_HOST") or "unix://"
         if not base_url.startswith(("unix://", "/")):
             return None, f"the Docker Engine at {base_url} is not local"
@@ -399,22 +475,33 @@ class DockerBackend:
         args = ["--cgroups", "v1:" + ":".join(f"{CGROUP_MOUNT}/{i}" for i in range(len(plan.cgroups)))]
         return {"cgroup_parent": parent, "pids_limit": limits.AGENT_PIDS}, binds, args
 
-    def _container_config(self, api: Any, handle: SandboxHandle, spec: SandboxSpec, sock_dir: Path) -> dict:
+    def _container_config(self, api: Any, handle: SandboxHandle, spec: SandboxSpec, sock_dir: Path,
+                          volumes: dict[str, str] | None = None) -> dict:
+        """The (agent's) container. `volumes` (two containers): its mounts are the shared tmpfs volumes and its
+        limits the agent's own; the commands run in the other container (`_commands_config`)."""
         uid, gid = self._command_user.split(":")
         tmpfs_opts = f"size={spec.disk_bytes},uid={uid},gid={gid},mode=0755,exec"
         plan = self._plans.get(handle.id)
         if plan is not None:
             resources, cgroup_binds, cgroup_args = self._separated_config(plan)
+        elif volumes is not None:
+            resources = {"nano_cpus": int(AGENT_CONTAINER_CPUS * 1e9), "mem_limit": AGENT_CONTAINER_MEMORY,
+                         "memswap_limit": AGENT_CONTAINER_MEMORY, "pids_limit": limits.AGENT_PIDS,
+                         "ipc_mode": "shareable"}  # the commands' container joins it: one SysV namespace to clean
+            cgroup_binds = {vol: {"bind": path, "mode": "rw"} for path, vol in volumes.items()}
+            cgroup_args = ["--relay", _relay_name(handle.id)]
         else:
             resources = {"nano_cpus": int(spec.cpus * 1e9), "mem_limit": spec.memory_bytes,
                          "memswap_limit": spec.memory_bytes, "pids_limit": spec.pids}
             cgroup_binds, cgroup_args = {}, []
+        tmpfs = {} if volumes is not None else {
+            WORKSPACE: tmpfs_opts, "/tmp": f"size={spec.disk_bytes},mode=1777,exec",
+            AGENT_DIR: "size=64m,mode=0755,exec",  # root's: agent.py is bound inside, judge-python copied
+            **{d: tmpfs_opts for d in spec.writable_dirs}}  # e.g. /repo: owned by the command user
         host_config = api.create_host_config(
             binds={str(self._agent_file): {"bind": AGENT_PATH, "mode": "ro"},
                    str(sock_dir): {"bind": SOCK_DIR, "mode": "rw"}, **cgroup_binds},
-            tmpfs={WORKSPACE: tmpfs_opts, "/tmp": f"size={spec.disk_bytes},mode=1777,exec",
-                   AGENT_DIR: "size=64m,mode=0755,exec",  # root's: agent.py is bound inside, judge-python copied
-                   **{d: tmpfs_opts for d in spec.writable_dirs}},  # e.g. /repo: owned by the command user
+            tmpfs=tmpfs,
             **resources, network_mode=self._network if spec.network else "none",
             read_only=True, cap_drop=["ALL"], cap_add=AGENT_CAPS if self._root_host else None,
             security_opt=["no-new-privileges"], init=True,
@@ -523,15 +610,21 @@ class DockerBackend:
         api = await self.api()
         since = int(float(handle.labels.get(L_CREATED, "0"))) - 1
         until = f"{time.time():.9f}"  # seconds.nanoseconds: a whole-second 'until' in the future would block
-        filters = {"container": handle.id, "event": "oom", "type": "container"}
+        commands = handle.id + COMMANDS_SUFFIX if handle.labels.get(L_VOLUMES) else handle.id
+        filters = {"container": commands, "event": "oom", "type": "container"}
         events = await self._call(lambda: list(api.events(since=since, until=until, filters=filters, decode=True)))
         return len(events)
 
     async def destroy(self, handle: SandboxHandle) -> None:
         """Remove the container (SIGKILL, no grace: the trajectory is over) and its socket dir. Idempotent.
         When dockerd cannot remove it now, the next create() and close() try again."""
+        two = bool(handle.labels.get(L_VOLUMES))
         try:
+            if two:
+                await self._remove(handle.id + COMMANDS_SUFFIX)
             await self._remove(handle.id)
+            if two:
+                await self._call(self._remove_volumes, await self.api(), handle.labels[L_VOLUMES].split(":"))
         except BaseException:
             self._unremoved.add(handle.id)
             raise
@@ -575,6 +668,34 @@ class DockerBackend:
         except (docker.errors.DockerException, requests.RequestException) as e:
             raise SandboxError(f"docker rm -f {container} failed: dockerd unreachable ({e})") from e
 
+    def _remove_volumes(self, api: Any, names: list[str]) -> None:
+        """Remove a sandbox's volumes (two containers), only names of ours (a label is data)."""
+        for name in names:
+            if not name.startswith("agentrl-"):
+                continue
+            try:
+                api.remove_volume(name, force=True)
+            except docker.errors.NotFound:
+                continue
+            except docker.errors.APIError as e:
+                raise SandboxError(f"docker volume rm {name} failed: {e.explanation or e}") from e
+
+    def _sweep_volumes(self, api: Any, live: set[str], now: float) -> None:
+        """Volumes of sandboxes whose containers are gone (two containers) and that are old enough not to belong to
+        a create in progress: removed (one still in use is refused by dockerd and kept)."""
+        found = (api.volumes(filters={"label": f"{L_OWNER}={OWNER}"}) or {}).get("Volumes") or []
+        for v in found:
+            sandbox = (v.get("Labels") or {}).get(L_SANDBOX, "")
+            try:
+                age = now - datetime.fromisoformat(str(v.get("CreatedAt"))).timestamp()
+            except ValueError:
+                age = STALE_DIR_S + 1
+            if sandbox not in live and age > STALE_DIR_S:
+                try:
+                    self._remove_volumes(api, [v["Name"]])
+                except SandboxError as e:  # still in use (a create in progress holds it): the next sweep
+                    log.info("sweep: volume %s not removed: %s", v["Name"], e)
+
     def _remove_sock_dir(self, path: str | None) -> None:
         """Remove a socket dir, but only one of ours (a label is data, not a path to trust blindly)."""
         if not path:
@@ -603,6 +724,7 @@ class DockerBackend:
             await self._call(self._remove_cgroups, (c.get("Labels") or {}).get(L_CGROUPS))
         live = {n.lstrip("/") for c in found if c not in doomed for n in c.get("Names") or []}
         await self._call(self._sweep_stale_dirs, live, now)
+        await self._call(self._sweep_volumes, api, live | set(self._live), now)
         return removed
 
     def _remove_cgroups(self, joined: str | None) -> None:

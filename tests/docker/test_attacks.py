@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+from typing import Any
 
 import pytest
 
@@ -111,3 +112,70 @@ async def test_a_grader_is_out_of_reach_from_its_first_instruction(make_sandbox)
         assert copy == plain != ""
         assert "Permission denied" in (await sb.exec(["cat", sb.judge_python])).stderr
         await sandbox_attacks.attack_open_a_grader_at_its_start(sb)
+
+
+# ---------------------------------------------------------------- two containers (hosts without host cgroups)
+
+
+@pytest.fixture
+async def two_containers() -> Any:
+    """separation="containers": the agent in a container of its own, the commands in a second one with the spec's
+    limits (what `auto` picks where the engine gives no host cgroups: cgroup v2, the systemd driver)."""
+    from agentrl.sandbox.docker import DockerBackend
+
+    b = DockerBackend(separation="containers")
+    try:
+        yield b
+    finally:
+        await b.close()
+
+
+async def _two(backend: Any, **spec_fields: Any) -> Any:
+    from agentrl.sandbox import Sandbox, SandboxSpec
+    from dockertier import IMAGE, RUN_ID
+
+    spec = SandboxSpec(image=IMAGE, **spec_fields)
+    handle = await backend.create(spec, {"agentrl.run_id": RUN_ID})
+    return Sandbox(handle, spec)
+
+
+@ROOT
+@pytest.mark.parametrize("attack", (*sandbox_attacks.RESOURCE_ATTACKS, sandbox_attacks.attack_busy_loops_in_the_cpu_quota,
+                                    *sandbox_attacks.ALL), ids=lambda f: f.__name__)
+async def test_two_containers_keep_the_agents_resources_and_uid(two_containers: Any, attack: Any) -> None:
+    """The same resource attacks and control-plane attacks with the agent in a container of its own: its memory,
+    pids and CPU are not the commands' (the commands' container holds the spec's limits; pid, ipc and network
+    namespaces are shared so the agent kills them and removes their SysV objects)."""
+    cpus = 0.05 if attack is sandbox_attacks.attack_busy_loops_in_the_cpu_quota else 1.0
+    sb = await _two(two_containers, memory="256m", pids=128, cpus=cpus)
+    try:
+        assert await sb.health() and sb.resources_separated and sb.uid_separated, sb.agent_info
+        await attack(sb)
+    finally:
+        await sb.close()
+        await two_containers.destroy(sb.handle)
+
+
+@ROOT
+async def test_two_containers_layout_and_cleanup(two_containers: Any) -> None:
+    """A command runs in the commands' container (its limits: pids 96, 192 MiB), the agent in its own; the agent's
+    container dying by a signal from outside is `killed:9` (infra); destroy() leaves no container or volume."""
+    sb = await _two(two_containers, memory="192m", pids=96)
+    api = await two_containers.api()
+    name, commands = sb.id, sb.id + "-cmd"
+    try:
+        r = await sb.exec("cat /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/memory/memory.limit_in_bytes; id -u")
+        assert r.stdout.split() == ["96", str(192 << 20), "1000"], r
+        info = await two_containers._call(api.inspect_container, commands)
+        agent = await two_containers._call(api.inspect_container, name)
+        assert info["HostConfig"]["PidMode"] == f"container:{agent['Id']}" and info["State"]["Running"]
+        assert agent["HostConfig"]["PidsLimit"] != 96 and agent["HostConfig"]["Memory"] != 192 << 20
+        await asyncio.to_thread(subprocess.run, ["docker", "kill", name], check=True, capture_output=True)
+        assert await two_containers.death_cause(sb.handle) == "killed:9"
+    finally:
+        await sb.close()
+        await two_containers.destroy(sb.handle)
+    names = {c["Names"][0].lstrip("/") for c in await two_containers._call(api.containers, all=True)}
+    volumes = (await two_containers._call(api.volumes) or {}).get("Volumes") or []
+    assert name not in names and commands not in names
+    assert not [v["Name"] for v in volumes if v["Name"].startswith(name)]
