@@ -260,13 +260,14 @@ async def test_commands_run_as_uid_1000_and_cannot_kill_the_agent(real_cluster: 
 # ---------------------------------------------------------------- the agent's own resources (issue 22)
 
 
-@pytest.mark.parametrize("attack", (*sandbox_attacks.RESOURCE_ATTACKS, sandbox_attacks.attack_busy_loops_in_the_cpu_quota),
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize("attack", (*sandbox_attacks.RESOURCE_ATTACKS, sandbox_attacks.attack_busy_loops_in_the_cpu_quota,
+                                    *sandbox_attacks.ALL), ids=lambda f: f.__name__)
 async def test_commands_cannot_exhaust_the_agents_resources(real_cluster: Any, attack: Any) -> None:
     """The agent has a container of its own: the commands' memory limit (SysV memory no process holds, a fill after
     lowering oom_score_adj), the pod's pids (a daemon holding every pid) and the commands' CPU quota (busy loops)
     are the commands' only: the agent answers on old and new connections, kill_all() ends the attack without a
-    fork, and the next command runs."""
+    fork, and the next command runs. The control-plane attacks of the local and docker tiers (kill, signal, read,
+    ptrace the agent; daemons; the spawner) hold in the shared pid namespace too."""
     limit = await _node_pids_limit(real_cluster)
     cpus = 0.05 if attack is sandbox_attacks.attack_busy_loops_in_the_cpu_quota else 0.5
     spec = real_cluster.spec.model_copy(update={"memory": "256m", "cpus": cpus,
