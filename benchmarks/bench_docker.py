@@ -200,25 +200,40 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def bench_separation(n: int, cpus: float) -> None:
-    """exec ['true'] alternately in a resource-separated container and in one sharing its budget with the agent."""
+    """exec ['true'] alternately in the three layouts (same load): host cgroups (agent and commands cgroups), two
+    containers (the agent's own and the commands'), and one container sharing its budget with the agent; and the
+    cold start (create until the agent answers) of each, alternated too."""
     from bench_sandbox import alternate_execs  # this script's folder is on sys.path
 
     spec = SandboxSpec(image="agentrl/python:latest", cpus=cpus)
-    sep, shared = DockerBackend(), DockerBackend(separate_resources=False)
+    backends = {"cgroups": DockerBackend(separation="cgroups"), "containers": DockerBackend(separation="containers"),
+                "shared": DockerBackend(separate_resources=False)}
+    starts: dict[str, list[float]] = {k: [] for k in backends}
     try:
-        async with SandboxPool(sep, spec, max_sandboxes=1, run_id=RUN_ID) as sp, \
-                SandboxPool(shared, spec, max_sandboxes=1, run_id=RUN_ID) as hp:
-            async with sp.lease() as a, hp.lease() as b:
-                if not a.resources_separated or b.resources_separated:
-                    raise SystemExit(f"--separation needs host root and cgroup v1 (separated={a.resources_separated})")
-                out = await alternate_execs((("separated", a), ("shared", b)), n)
+        for _ in range(10):
+            for key, b in backends.items():
+                t0 = time.perf_counter()
+                h = await b.create(spec, {"agentrl.run_id": RUN_ID})
+                starts[key].append(time.perf_counter() - t0)
+                await b.destroy(h)
+        async with SandboxPool(backends["cgroups"], spec, max_sandboxes=1, run_id=RUN_ID) as cp, \
+                SandboxPool(backends["containers"], spec, max_sandboxes=1, run_id=RUN_ID) as tp, \
+                SandboxPool(backends["shared"], spec, max_sandboxes=1, run_id=RUN_ID) as hp:
+            async with cp.lease() as a, tp.lease() as c, hp.lease() as b:
+                if not (a.resources_separated and c.resources_separated) or b.resources_separated:
+                    raise SystemExit("--separation needs host root and cgroup v1 with the cgroupfs driver "
+                                     f"(cgroups={a.resources_separated}, containers={c.resources_separated})")
+                out = await alternate_execs((("cgroups", a), ("containers", c), ("shared", b)), n)
     finally:
-        await sep.close()
-        await shared.close()
-    sh, se = summary(out["shared"]), summary(out["separated"])
-    print(f"| cpus | shared p50 / p99 | separated p50 / p99 | ratio of p50 |\n| --- | ---: | ---: | ---: |\n"
-          f"| {cpus:g} | {ms(sh['p50'])} / {ms(sh['p99'])} | {ms(se['p50'])} / {ms(se['p99'])} | "
-          f"{se['p50'] / sh['p50']:.2f}x |")
+        for b in backends.values():
+            await b.close()
+    sh = summary(out["shared"])
+    print("| cpus | layout | exec p50 / p99 | ratio of p50 to shared | cold start p50 |\n"
+          "| --- | --- | ---: | ---: | ---: |")
+    for key in ("shared", "cgroups", "containers"):
+        se = summary(out[key])
+        print(f"| {cpus:g} | {key} | {ms(se['p50'])} / {ms(se['p99'])} | {se['p50'] / sh['p50']:.2f}x | "
+              f"{ms(sorted(starts[key])[len(starts[key]) // 2])} |")
 
 
 if __name__ == "__main__":
@@ -232,7 +247,8 @@ if __name__ == "__main__":
     p.add_argument("--json", type=Path, help="also write the raw numbers here")
     p.add_argument("--compare-agent", help="an older agent.py: exec round trips through it vs this tree's agent")
     p.add_argument("--rounds", type=int, default=2, help="--compare-agent: alternations of the two agents")
-    p.add_argument("--separation", type=int, default=0, help="only the separated-vs-shared exec comparison, N each")
+    p.add_argument("--separation", type=int, default=0,
+                   help="only the layouts' exec comparison (host cgroups, two containers, shared), N each")
     p.add_argument("--cpus", type=float, default=1.0, help="--separation: the sandboxes' CPU quota")
     a = p.parse_args()
     if a.separation:

@@ -26,16 +26,21 @@ One sandbox = one container:
     labels     agentrl.owner=agentrl, agentrl.run_id, agentrl.owner_host, agentrl.owner_pid, agentrl.owner_start,
                agentrl.created_at, agentrl.ttl_s, agentrl.sock_dir
 
-Resource separation (`resources_separated`, when the host side is root, the engine is local, its cgroup driver is
+Resource separation (`resources_separated`; `separation`: "auto" picks the first that works, "cgroups",
+"containers" or "off"). Host cgroups (when the host side is root, the engine is local, its cgroup driver is
 cgroupfs and the host has cgroup v1): like the local backend, each sandbox gets a host cgroup per hierarchy with an
 `agent` and a `commands` child (`limits.Limiter.prepare(..., separate=True)`), the spec's memory / pids / CPU limits
 on `commands`. The container is created under `agent` (`cgroup_parent`), so docker-init, the agent and its spawner
 live there with only the agent's pids limit; the sandbox's cgroup directories are bind-mounted at /agentrl-cgroup/N
 (root-owned files: commands, uid 1000, cannot write them) and the agent starts every command in `commands`
 (`--cgroups v1:...`) and kills through it. A command filling memory, pids or CPU then hits only its own limits: the
-kernel's OOM killer picks inside `commands`, never the agent. Elsewhere (non-root, remote engine, systemd driver,
-cgroup v2 hosts: not verified here) the container's limits cover the agent and its commands together and the agent
-says so (`resources_separated: false`); every death is then the policy's.
+kernel's OOM killer picks inside `commands`, never the agent. Two containers (any engine the host side is root
+of: cgroup v2, the systemd driver): the agent's container (its own 0.25 CPU, 256 MiB, pids) and `<name>-cmd`, the
+commands' container with the spec's limits, in the agent container's pid, ipc and network namespaces, both mounting
+the same tmpfs volumes (`<name>-vN`: /agentrl, /workspace, /tmp, the writable dirs); its main process is the relay
+(agent.py RELAY_SOURCE: root with SETUID / SETGID only), which starts the agent's command spawner there, as on
+Kubernetes. A non-root host side gets neither: the container's limits cover the agent and its commands together
+and the agent says so (`resources_separated: false`); every death is then the policy's.
 
 Leak-proofing: the agent gets SIGALRM at ttl_s, so the container stops even if nobody ever sweeps; `sweep()`
 removes containers whose TTL passed, whose owner process on this host is gone (pid + start time, so a reused pid is
