@@ -157,3 +157,35 @@ def test_each_engine_has_its_own_socket_root(monkeypatch: pytest.MonkeyPatch) ->
     assert default_socket_root("unix:///run/other/docker.sock") == other  # stable across runs
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/other/docker.sock")
     assert default_socket_root() == other  # the SDK picks $DOCKER_HOST: so does the dir
+
+
+@pytest.mark.parametrize("separation, root, info, mode", [
+    ("auto", True, {"CgroupDriver": "systemd", "CgroupVersion": "2"}, "containers"),  # a typical modern host
+    ("auto", True, {"CgroupDriver": "cgroupfs", "CgroupVersion": "2"}, "containers"),
+    ("cgroups", True, {"CgroupDriver": "systemd", "CgroupVersion": "2"}, ""),  # asked for host cgroups only: none
+    ("containers", True, {"CgroupDriver": "cgroupfs", "CgroupVersion": "1"}, "containers"),
+    ("auto", False, {"CgroupDriver": "systemd", "CgroupVersion": "2"}, ""),  # no uid of their own for commands
+    ("off", True, {"CgroupDriver": "systemd", "CgroupVersion": "2"}, ""),
+])
+def test_the_separation_layout_follows_the_engine(separation: str, root: bool, info: dict, mode: str) -> None:
+    """Where the engine gives no host cgroups (cgroup v2, the systemd driver), `auto` puts the agent in a container
+    of its own rather than sharing the commands' limits; only a non-root host side (or `off`) keeps one budget."""
+    from agentrl.sandbox.docker import DockerBackend
+
+    class Api:
+        def info(self) -> dict:
+            return info
+
+    b = DockerBackend(separation=separation)
+    b._root_host = root
+    limiter, got, why = b._probe_separation(Api())
+    assert (limiter, got) == (None, mode), why
+    assert got or why, "a layout without separation says why"
+
+
+def test_an_unknown_separation_is_a_config_error() -> None:
+    from agentrl.errors import ConfigError
+    from agentrl.sandbox.docker import DockerBackend
+
+    with pytest.raises(ConfigError, match="separation"):
+        DockerBackend(separation="maybe")
