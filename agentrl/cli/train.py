@@ -171,6 +171,7 @@ def run_train(cfg: Any, *, resume: bool = False, console: Any = None) -> Any:
     finally:
         if ranks.is_main:
             asyncio.run(parts.run.aclose())
+        ranks.stop()
 
 
 def train_parts(cfg: Any, *, main: bool = True) -> Any:

@@ -58,6 +58,17 @@ class Ranks:
 
         PartialState(cpu=device == "cpu")
 
+    def stop(self) -> None:
+        """Leave the process group before the interpreter exits (idempotent). A gloo group left to interpreter
+        shutdown can abort a rank at exit ("terminate called without an active exception", SIGABRT) after a run
+        that finished: its exit status then fails the job."""
+        if not self.distributed:
+            return
+        import torch.distributed as tdist
+
+        if tdist.is_available() and tdist.is_initialized():
+            tdist.destroy_process_group()
+
     def share(self, compute: Callable[[], T]) -> T:
         """`compute()` on rank 0, its result on every rank. Rank 0's exception is re-raised on rank 0 and raised as
         RankFailedError (with its message) on the others."""
