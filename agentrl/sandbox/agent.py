@@ -104,6 +104,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 VERSION = 1
 READY_LINE = "AGENTRL-AGENT-READY"
@@ -1958,9 +1959,10 @@ def _refuse(conn: socket.socket, e: HTTPError) -> None:
 
 
 def serve_connection(conn: socket.socket, agent: Agent, token: str | None, reader: _Reader,
-                     head: _Head | None = None) -> None:
+                     head: _Head | None = None, release: "Callable[[], bool] | None" = None) -> None:
     """Keep-alive loop for one authorized connection: read a request, check its token before reading its body,
-    dispatch, answer, repeat until EOF, close, a malformed request or IDLE_TIMEOUT_S of silence."""
+    dispatch, answer, repeat until EOF, close, a malformed request or IDLE_TIMEOUT_S of silence. `release()` true
+    after a request: answer it with Connection: close and end (another connection waits for this thread)."""
     try:
         while True:
             try:
@@ -1981,8 +1983,9 @@ def serve_connection(conn: socket.socket, agent: Agent, token: str | None, reade
             if len(body) != head.length:
                 return
             status, obj = _handle(agent, head.method, head.target, body)
-            _answer(conn, status, obj, head.keep_alive)
-            if not head.keep_alive:
+            keep = head.keep_alive and not (release is not None and release())
+            _answer(conn, status, obj, keep)
+            if not keep:
                 return
             head = None
     except (OSError, ValueError):  # peer gone, idle timeout: drop the connection
@@ -2042,7 +2045,7 @@ class Acceptor:
         self.workers = 0
         self._lock = threading.Lock()
         self._jobs: "queue.SimpleQueue[tuple[socket.socket, _Reader, _Head]]" = queue.SimpleQueue()
-        self.parked = 0  # parked worker threads waiting for a connection (_jobs)
+        self.parked = 0  # kept worker threads waiting for a connection (_jobs), less the connections waiting for one
         for _ in range(PARKED_WORKERS):
             threading.Thread(target=self._parked, name="agent-worker", daemon=True).start()
             self.parked += 1
@@ -2142,9 +2145,10 @@ class Acceptor:
             return
         try:
             threading.Thread(target=self._work, args=(conn, reader, head), daemon=True).start()
-        except RuntimeError:  # no thread can be started (pids limit): answer and drop
-            self._done()
-            _refuse(conn, HTTPError(503, "the agent cannot start a thread for this connection"))
+        except RuntimeError:  # no thread can be started (pids limit): the next kept worker that is free serves it
+            with self._lock:
+                self.parked -= 1  # parked = idle kept workers - connections waiting for one
+            self._jobs.put((conn, reader, head))
 
     def _work(self, conn: socket.socket, reader: _Reader, head: _Head) -> None:
         try:
@@ -2157,7 +2161,7 @@ class Acceptor:
         while True:
             conn, reader, head = self._jobs.get()
             try:
-                serve_connection(conn, self.agent, self.token, reader, head)
+                serve_connection(conn, self.agent, self.token, reader, head, release=lambda: self.parked < 0)
             except Exception:  # serve_connection answers errors itself; never lose this thread
                 pass
             finally:

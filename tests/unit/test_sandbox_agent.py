@@ -865,21 +865,22 @@ acc.serve_forever()
 
 async def test_connections_are_served_when_no_thread_can_start(tmp_path: Path) -> None:
     """Worker threads are started up front and kept: with no thread to be had (in a pod the agent shares the pids
-    limit with the commands), new connections, several at once, are still served, not refused."""
+    limit with the commands), new connections, more at once than kept workers, are still served (the extra ones as
+    soon as a kept worker is free), not refused."""
     sock = tmp_path / "a.sock"
     proc = subprocess.Popen([sys.executable, "-I", "-c", NO_THREADS, str(Path(AGENT).parent), str(tmp_path / "ws"),
                              str(sock)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout.readline().decode().strip() == agent_mod.READY_LINE
-        boxes = [_sandbox(sock) for _ in range(3)]
-        results = await asyncio.gather(*(b.exec(f"echo {i}") for i, b in enumerate(boxes)))
-        assert [r.stdout for r in results] == ["0\n", "1\n", "2\n"], results
+        boxes = [_sandbox(sock) for _ in range(agent_mod.PARKED_WORKERS + 2)]
+        results = await asyncio.gather(*(b.exec(f"sleep 0.2; echo {i}") for i, b in enumerate(boxes)))
+        assert [r.stdout for r in results] == [f"{i}\n" for i in range(len(boxes))], results
+        for b in boxes:
+            await b.close()
         for _ in range(3):  # connections closed and opened again: the same threads serve them
             fresh = _sandbox(sock)
             assert (await fresh.exec("echo again")).stdout == "again\n"
             await fresh.close()
-        for b in boxes:
-            await b.close()
     finally:
         proc.kill()
         proc.wait()
