@@ -42,16 +42,17 @@ fork needed, until the reaper has released their pids; and /kill_all removes the
 memory charged to the commands would otherwise outlive every process).
 
 Commands in another container (`--relay NAME`, kubernetes, and docker without host cgroups): the agent runs in a
-container of its own and every
-command runs in the pod's sandbox container, under that container's limits (`resources_separated`). The spawner is
-started there by the relay (RELAY_SOURCE, that container's main process, uid 0 with only CAP_SETUID / CAP_SETGID) on
-the agent's request over the abstract unix socket NAME; each side checks the other's uid (SO_PEERCRED), so a command
-can neither ask the relay for a process nor pose as a relay. The pod shares one pid namespace, so /kill_all reaches
-the commands; pids are counted per pod, so the agent keeps PARKED_WORKERS threads from start-up and /kill_all
-signals the command user from its own thread (kill_all_as: raw per-thread setresuid, kill(-1)): neither needs a new
-thread or process when the commands hold every pid. There is no fallback to starting commands itself. The commands'
-orphans go to that pid namespace's init, not to the agent: a command that kills or stops its own spawner (`kill -9
--1`) keeps its output, but its exit code is lost (126 and a note: the policy's doing).
+container of its own and every command runs in the commands' container (a pod's `sandbox`, docker's
+`<name>-cmd`), under that container's limits
+(`resources_separated`). The spawner is started there by the relay (RELAY_SOURCE, that container's main process, uid
+0 with only CAP_SETUID / CAP_SETGID) on the agent's request over the abstract unix socket NAME; each side checks the
+other's uid (SO_PEERCRED), so a command can neither ask the relay for a process nor pose as a relay. The pod shares
+one pid namespace, so /kill_all reaches the commands; pids are counted per pod, so the agent keeps PARKED_WORKERS
+threads from start-up and /kill_all signals the command user from its own thread (kill_all_as: raw per-thread
+setresuid, kill(-1)): neither needs a new thread or process when the commands hold every pid. There is no fallback
+to starting commands itself. The commands' orphans go to that pid namespace's init, not to the agent: a command that
+kills or stops its own spawner (`kill -9 -1`) keeps its output, but its exit code is lost (126 and a note: the
+policy's doing).
 
 Protocol (JSON bodies, HTTP/1.1 keep-alive with Content-Length). One acceptor thread holds every new connection
 until its first request head is complete (bounded count, size and time) and checks the bearer token; only an
@@ -324,9 +325,8 @@ def remove_sysv_ipc(libc: ctypes.CDLL, uid: int) -> int:
         ids += [(kind, int(row.split()[1])) for row in rows if row.split()]
     if not ids:
         return 0
-    nr = _SYS_SETRESUID.get(os.uname().machine)
     switch = uid != os.geteuid()
-    if switch and (nr is None or libc.syscall(nr, -1, uid, -1) != 0):
+    if switch and not _thread_uid_switch(libc, -1, uid):  # euid only
         return 0
     removed = 0
     try:
@@ -339,29 +339,37 @@ def remove_sysv_ipc(libc: ctypes.CDLL, uid: int) -> int:
                 rc = libc.msgctl(ident, IPC_RMID, None)
             removed += rc == 0
     finally:
-        if switch and libc.syscall(nr, -1, 0, -1) != 0:  # pragma: no cover - euid 0 is the thread's saved uid
-            os._exit(70)  # a thread stuck as the command user must not serve another request
+        if switch:
+            _thread_uid_back(libc)
     return removed
 
 
 def kill_all_as(libc: ctypes.CDLL, uid: int) -> bool:
-    """kill(-1, SIGKILL) from this thread alone as `uid`: real and effective uid `uid` (raw setresuid, so the other
-    threads keep uid 0; the effective capabilities, CAP_KILL included, drop with euid 0), saved uid 0 to come back.
-    kill(-1) then reaches every process whose real or saved uid is `uid` (never the agent: the caller's own thread
-    group is spared) in one pass of the kernel. False when this cannot be done here (not root, unknown syscall)."""
-    nr = _SYS_SETRESUID.get(os.uname().machine)
-    if nr is None or os.geteuid() != 0 or uid == 0:
-        return False
-    if libc.syscall(nr, uid, uid, 0) != 0:
+    """kill(-1, SIGKILL) from this thread alone as `uid`: real and effective uid `uid` (the effective capabilities,
+    CAP_KILL included, drop with euid 0), saved uid 0 to come back. kill(-1) then reaches every process whose real
+    or saved uid is `uid` (never the agent: the caller's own thread group is spared) in one pass of the kernel. False
+    when this cannot be done here (not root, unknown syscall)."""
+    if os.geteuid() != 0 or uid == 0 or not _thread_uid_switch(libc, uid, uid):
         return False
     try:
         os.kill(-1, signal.SIGKILL)
     except OSError:  # ESRCH: no process of that uid is left
         pass
     finally:
-        if libc.syscall(nr, 0, 0, 0) != 0:  # pragma: no cover - uid 0 is the thread's saved uid
-            os._exit(70)  # a thread stuck as the command user must not serve another request
+        _thread_uid_back(libc)
     return True
+
+
+def _thread_uid_switch(libc: ctypes.CDLL, ruid: int, euid: int) -> bool:
+    """This thread alone (raw setresuid: glibc's switches every thread) takes real uid `ruid` (-1: unchanged) and
+    effective uid `euid`, keeping saved uid 0 to come back with _thread_uid_back(). False when it cannot."""
+    nr = _SYS_SETRESUID.get(os.uname().machine)
+    return nr is not None and libc.syscall(nr, ruid, euid, -1) == 0
+
+
+def _thread_uid_back(libc: ctypes.CDLL) -> None:
+    if libc.syscall(_SYS_SETRESUID[os.uname().machine], 0, 0, -1) != 0:  # pragma: no cover - 0 is the saved uid
+        os._exit(70)  # a thread stuck as the command user must not serve another request
 
 
 # ---------------------------------------------------------------- paths
@@ -827,7 +835,7 @@ setup()
 sock.sendall(b"R")
 serve()
 '''
-# The relay's program (kubernetes: the agent in a container of its own, `--relay NAME`), run as
+# The relay's program (the agent in a container of its own, `--relay NAME`: kubernetes, docker), run as
 # `python3 -I -S -c RELAY_SOURCE NAME`: the main process of the sandbox container, uid 0 with only CAP_SETUID and
 # CAP_SETGID (what the spawner needs to become the command user), in that container's cgroup, i.e. under the
 # sandbox's limits. It listens on the abstract unix socket NAME (scoped to the pod's network namespace) and serves
@@ -909,6 +917,26 @@ RELAY_TIMEOUT_S = 10.0  # connecting to the relay and getting its answer
 RELAY_WAIT_S = 300.0  # at start-up, how long the agent waits for the relay before it gives up (exit 1)
 
 
+def _peer_uid(conn: socket.socket) -> int:
+    return int.from_bytes(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)[4:8], sys.byteorder)
+
+
+def connect_relay(name: str, timeout_s: float) -> socket.socket:
+    """A connection to the relay on the abstract socket `name`, checked to be a process of our uid (a command that
+    bound the name is not). Raises OSError (no relay: refused) or PermissionError (another uid holds the name)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(timeout_s)
+        conn.connect("\0" + name)
+        if _peer_uid(conn) != os.getuid():
+            raise PermissionError(errno.EPERM, "the relay's socket is held by a process of another uid (the sandbox "
+                                               "container's relay is gone and a command took its name)")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 def wait_for_relay(name: str, timeout_s: float = RELAY_WAIT_S) -> None:
     """Block until the relay answers on `name` as a process of our uid (the sandbox container may start after the
     agent's, and a 0.05-CPU container takes a while to start python): the agent listens, so the pod turns ready,
@@ -916,18 +944,11 @@ def wait_for_relay(name: str, timeout_s: float = RELAY_WAIT_S) -> None:
     end = time.monotonic() + timeout_s
     why = "not started"
     while time.monotonic() < end:
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            conn.settimeout(RELAY_TIMEOUT_S)
-            conn.connect("\0" + name)
-            cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-            if int.from_bytes(cred[4:8], sys.byteorder) == os.getuid():
-                return
-            why = "its name is held by a process of another uid"
+            connect_relay(name, RELAY_TIMEOUT_S).close()
+            return
         except OSError as e:
             why = str(e)
-        finally:
-            conn.close()
         time.sleep(0.05)
     sys.exit(f"agent: the relay {name!r} in the sandbox container did not answer within {timeout_s:g}s ({why}): "
              "is that container running `python3 -I -S -c RELAY_SOURCE NAME`?")
@@ -1065,7 +1086,7 @@ class Spawner:
     def __init__(self, identity: Identity, cgroup: CommandCgroup, reaper: "Reaper", relay: str | None = None) -> None:
         self._ids = (identity.uid, identity.gid) if identity.separated else (-1, -1)
         self._identity, self._cgroup, self._reaper = identity, cgroup, reaper
-        self._relay = relay  # started by the relay in the sandbox container (kubernetes), not as our child
+        self._relay = relay  # started by the relay in the commands' container, not as our child
         self._lock = threading.Lock()  # one request at a time; guards _link
         self._cond = threading.Condition()  # what the reader threads learn
         self._link: _Link | None = None
@@ -1129,30 +1150,27 @@ class Spawner:
         full) or SpawnerLost (the relay is gone: the sandbox container died, e.g. by the commands' memory limit)."""
         argv = ["python3", "-I", "-S", "-c", SPAWNER_SOURCE, "3", *map(str, self._ids)]
         data = b"\0".join(os.fsencode(x) for x in argv)
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         fds: list[int] = []
         try:
-            conn.settimeout(max(min(deadline - time.monotonic(), RELAY_TIMEOUT_S), 0.001))
-            conn.connect("\0" + self._relay)
-            cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-            if int.from_bytes(cred[4:8], sys.byteorder) != os.getuid():
-                raise SpawnerLost("the relay's socket is held by a process of another uid (the sandbox container's "
-                                  "relay is gone and a command took its name)")
-            conn.sendall(len(data).to_bytes(4, "little") + data)
-            msg, anc, _, _ = conn.recvmsg(8, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC)
-            fds = [fd for level, kind, raw in anc if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-                   for fd in array.array("i", raw[:len(raw) - len(raw) % 4])]
-            while 0 < len(msg) < 8:
-                more = conn.recv(8 - len(msg))
-                if not more:
-                    break
-                msg += more
+            conn = connect_relay(self._relay, max(min(deadline - time.monotonic(), RELAY_TIMEOUT_S), 0.001))
+            try:
+                conn.sendall(len(data).to_bytes(4, "little") + data)
+                msg, anc, _, _ = conn.recvmsg(8, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC)
+                fds = [fd for level, kind, raw in anc if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                       for fd in array.array("i", raw[:len(raw) - len(raw) % 4])]
+                while 0 < len(msg) < 8:
+                    more = conn.recv(8 - len(msg))
+                    if not more:
+                        break
+                    msg += more
+            finally:
+                conn.close()
+        except PermissionError as e:  # a command holds the relay's name
+            raise SpawnerLost(e.strerror or str(e)) from None
         except OSError as e:
             _close(tuple(fds))
             raise SpawnerLost(f"the relay in the sandbox container does not answer ({e}): the container is gone "
                               "(killed by the commands' memory limit, or its main process by the commands)") from None
-        finally:
-            conn.close()
         pid = int.from_bytes(msg, "little", signed=True) if len(msg) == 8 else 0
         if pid < 0:
             _close(tuple(fds))
@@ -1196,16 +1214,12 @@ class Spawner:
         spawner's children) that holds the write end of its stdout pipe, or, once it exited, the one session leader
         the reaper reaped that started since the request. None when neither shows up within STATUS_GRACE_S / 4."""
         end = time.monotonic() + STATUS_GRACE_S / 4
-        if self._relay:  # its orphans go to that pid namespace's init, never to the agent: a live one is found by
-            while True:  # its stdout (its output is kept, its exit code is lost); one that already exited is not
-                pid = self._live_orphan(out_r, any_parent=True)
-                if pid is not None or time.monotonic() > end:
-                    return pid
-                time.sleep(0.01)
-        self._reaper.expect_orphans(STATUS_GRACE_S / 4)
+        elsewhere = bool(self._relay)  # its orphans go to that pid namespace's init, never to the agent: a live one
+        if not elsewhere:              # is found by its stdout (output kept, exit code lost), an exited one is not
+            self._reaper.expect_orphans(STATUS_GRACE_S / 4)
         while True:
-            pid = self._live_orphan(out_r)
-            if pid is None:
+            pid = self._live_orphan(out_r, any_parent=elsewhere)
+            if pid is None and not elsewhere:
                 pid = self._reaper.claim_leader(since_ticks)
             if pid is not None or time.monotonic() > end:
                 return pid
@@ -1459,7 +1473,8 @@ class Agent:
         self._lock = threading.Lock()
         self._reaper = Reaper()
         self._kill_lock = threading.Lock()
-        self.relay = relay  # commands run in another container (kubernetes): only through the relay's spawner
+        self.relay = relay  # commands run in another container: only through the relay's spawner
+        self.judge_python = judge_python(self.identity)  # the backend put it there before the agent started
         # separated (by uid, by cgroup or by container): commands start through a fork server that is already where
         # they belong
         self._spawner = Spawner(self.identity, self.cgroup, self._reaper, relay) \
@@ -1479,7 +1494,7 @@ class Agent:
                 "writable": list(self.writable),
                 "uid_separated": self.identity.separated, "command_uid": self.identity.uid,
                 "resources_separated": self.cgroup.enabled or self.relay is not None,
-                "commands_apart": self.relay is not None, "judge_python": judge_python(self.identity)}
+                "commands_apart": self.relay is not None, "judge_python": self.judge_python}
 
     def exec(self, req: dict) -> dict:
         argv = _argv(req.get("cmd"))

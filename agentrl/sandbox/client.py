@@ -258,6 +258,11 @@ class Sandbox:
         return self.agent_info.get("judge_python")
 
     @property
+    def grader_python(self) -> str:
+        """What graders run on: `judge_python`, else "python3" (which then turns non-dumpable first thing)."""
+        return self.judge_python or "python3"
+
+    @property
     def command_uid(self) -> int | None:
         return self.agent_info.get("command_uid")
 

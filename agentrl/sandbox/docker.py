@@ -67,10 +67,10 @@ import shutil
 import socket
 import stat
 import tempfile
-from datetime import datetime
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -102,7 +102,9 @@ L_OWNER, L_RUN, L_HOST, L_PID, L_START = ("agentrl.owner", "agentrl.run_id", "ag
                                           "agentrl.owner_pid", "agentrl.owner_start")
 L_CREATED, L_TTL, L_SOCK = "agentrl.created_at", "agentrl.ttl_s", "agentrl.sock_dir"
 L_CGROUPS = "agentrl.cgroups"  # the sandbox's host cgroup directories (resource-separated), ":"-joined
-L_SANDBOX, L_ROLE, L_VOLUMES = "agentrl.sandbox", "agentrl.role", "agentrl.volumes"  # two containers: the sandbox's name, "agent" / "commands"
+# two containers: on the commands' container and the volumes, the sandbox they belong to; on the commands' container
+# its role ("commands"); on both containers, the ":"-joined volume names (their presence marks the layout)
+L_SANDBOX, L_ROLE, L_VOLUMES = "agentrl.sandbox", "agentrl.role", "agentrl.volumes"
 COMMANDS_SUFFIX = "-cmd"  # two containers: the commands' container is named <sandbox>-cmd
 AGENT_CONTAINER_CPUS, AGENT_CONTAINER_MEMORY = 0.25, 256 << 20  # two containers: the agent's own budget
 CGROUP_MOUNT = "/agentrl-cgroup"  # where they appear in the container: /agentrl-cgroup/0, /1, ...
@@ -198,6 +200,11 @@ def container_death_cause(state: dict[str, Any] | None, *, uid_separated: bool =
     return f"signal:{code - 128}" if code > 128 else f"exited:{code}"
 
 
+def _commands_container(handle: SandboxHandle) -> str | None:
+    """The commands' container of a two-container sandbox (None: one container)."""
+    return handle.id + COMMANDS_SUFFIX if handle.labels.get(L_VOLUMES) else None
+
+
 def _relay_name(sandbox: str) -> str:
     """The relay's abstract socket (two containers): in the agent container's network namespace, one per sandbox."""
     return f"agentrl-relay-{sandbox}"
@@ -254,7 +261,7 @@ class DockerBackend:
         self._start_timeout_s = start_timeout_s
         self._agent_file = Path(agent_file) if agent_file is not None else Path(__file__).with_name("agent.py")
         self._threads = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="agentrl-docker")
-        self.separate_resources = separate_resources  # False: one budget for agent and commands (benchmarks compare)
+        # separate_resources=False: one budget for agent and commands, as separation "off" (benchmarks compare)
         if separation not in SEPARATIONS:
             raise ConfigError(f"DockerBackend separation={separation!r}: use one of {', '.join(SEPARATIONS)}")
         self.separation = separation if separate_resources else "off"
@@ -363,7 +370,7 @@ class DockerBackend:
             configs = [self._container_config(api, handle, spec, sock_dir)]
         t0 = time.monotonic()
         for config in configs:
-            await self._create(api, config, handle, spec)
+            await self._create(api, config, spec)
         t1 = time.monotonic()
         for config in configs:  # the agent's first: the commands' joins its namespaces
             try:
@@ -374,7 +381,7 @@ class DockerBackend:
                 raise SandboxStartError(f"docker start {config['name']} ({spec.image}) failed: {_why(e)}") from e
         handle.timings.update(create_s=t1 - t0, start_s=time.monotonic() - t1)
 
-    async def _create(self, api: Any, config: dict, handle: SandboxHandle, spec: SandboxSpec) -> None:
+    async def _create(self, api: Any, config: dict, spec: SandboxSpec) -> None:
         try:
             await self._call(api.create_container, **config)
         except docker.errors.ImageNotFound as e:
@@ -383,7 +390,7 @@ class DockerBackend:
                 "`sandbox_images/build.sh --offline-base`; an env's per-task images: its own command, e.g. "
                 "`python -m agentrl_repo_fix images`), or set sandbox.spec.image to an image that exists") from e
         except requests.ConnectionError as e:  # refused / no socket: dockerd is away, not this container's fault
-            raise SandboxEngineUnreachable(f"docker create {handle.id} ({spec.image}) failed: {_why(e)}") from e
+            raise SandboxEngineUnreachable(f"docker create {config['name']} ({spec.image}) failed: {_why(e)}") from e
         except (docker.errors.DockerException, requests.RequestException) as e:
             raise SandboxStartError(f"docker create {config['name']} ({spec.image}) failed: {_why(e)}") from e
 
@@ -408,7 +415,7 @@ class DockerBackend:
         """Two containers: where the commands run, with the spec's limits, in the agent container's pid, ipc and
         network namespaces; its main process is the relay (uid 0, only SETUID / SETGID), which starts the agent's
         command spawner here (agent.py --relay)."""
-        name = handle.id + COMMANDS_SUFFIX
+        name = handle.id + COMMANDS_SUFFIX  # _commands_container(handle) once the volumes are labelled
         binds = {vol: {"bind": path, "mode": "ro" if path == AGENT_DIR else "rw"} for path, vol in volumes.items()}
         host_config = api.create_host_config(
             binds=binds, nano_cpus=int(spec.cpus * 1e9), mem_limit=spec.memory_bytes,
@@ -440,7 +447,7 @@ class DockerBackend:
 
     def _probe_separation(self, api: Any) -> tuple[limits.Limiter | None, str, str]:
         if self.separation == "off":
-            return None, "", "separate_resources=False"
+            return None, "", "separation off (separate_resources=False)"
         if not self._root_host:
             return None, "", "not running as root: the commands cannot get a uid of their own"
         if self.separation == "containers":
@@ -488,24 +495,24 @@ class DockerBackend:
         tmpfs_opts = f"size={spec.disk_bytes},uid={uid},gid={gid},mode=0755,exec"
         plan = self._plans.get(handle.id)
         if plan is not None:
-            resources, cgroup_binds, cgroup_args = self._separated_config(plan)
+            resources, extra_binds, agent_args = self._separated_config(plan)
         elif volumes is not None:
             resources = {"nano_cpus": int(AGENT_CONTAINER_CPUS * 1e9), "mem_limit": AGENT_CONTAINER_MEMORY,
                          "memswap_limit": AGENT_CONTAINER_MEMORY, "pids_limit": limits.AGENT_PIDS,
                          "ipc_mode": "shareable"}  # the commands' container joins it: one SysV namespace to clean
-            cgroup_binds = {vol: {"bind": path, "mode": "rw"} for path, vol in volumes.items()}
-            cgroup_args = ["--relay", _relay_name(handle.id)]
+            extra_binds = {vol: {"bind": path, "mode": "rw"} for path, vol in volumes.items()}
+            agent_args = ["--relay", _relay_name(handle.id)]
         else:
             resources = {"nano_cpus": int(spec.cpus * 1e9), "mem_limit": spec.memory_bytes,
                          "memswap_limit": spec.memory_bytes, "pids_limit": spec.pids}
-            cgroup_binds, cgroup_args = {}, []
+            extra_binds, agent_args = {}, []
         tmpfs = {} if volumes is not None else {
             WORKSPACE: tmpfs_opts, "/tmp": f"size={spec.disk_bytes},mode=1777,exec",
             AGENT_DIR: "size=64m,mode=0755,exec",  # root's: agent.py is bound inside, judge-python copied
             **{d: tmpfs_opts for d in spec.writable_dirs}}  # e.g. /repo: owned by the command user
         host_config = api.create_host_config(
             binds={str(self._agent_file): {"bind": AGENT_PATH, "mode": "ro"},
-                   str(sock_dir): {"bind": SOCK_DIR, "mode": "rw"}, **cgroup_binds},
+                   str(sock_dir): {"bind": SOCK_DIR, "mode": "rw"}, **extra_binds},
             tmpfs=tmpfs,
             **resources, network_mode=self._network if spec.network else "none",
             read_only=True, cap_drop=["ALL"], cap_add=AGENT_CAPS if self._root_host else None,
@@ -518,7 +525,7 @@ class DockerBackend:
             agent += ["--run-as", self._command_user]
         if spec.writable_dirs:
             agent += ["--writable", ":".join(spec.writable_dirs)]
-        agent += cgroup_args
+        agent += agent_args
         command = ["python3", "-c", _TTL_EXEC, str(spec.ttl_s), *agent]
         return {"image": spec.image, "name": handle.id, "command": command,
                 "user": "0:0" if self._root_host else self._command_user, "working_dir": WORKSPACE,
@@ -615,20 +622,19 @@ class DockerBackend:
         api = await self.api()
         since = int(float(handle.labels.get(L_CREATED, "0"))) - 1
         until = f"{time.time():.9f}"  # seconds.nanoseconds: a whole-second 'until' in the future would block
-        commands = handle.id + COMMANDS_SUFFIX if handle.labels.get(L_VOLUMES) else handle.id
-        filters = {"container": commands, "event": "oom", "type": "container"}
+        filters = {"container": _commands_container(handle) or handle.id, "event": "oom", "type": "container"}
         events = await self._call(lambda: list(api.events(since=since, until=until, filters=filters, decode=True)))
         return len(events)
 
     async def destroy(self, handle: SandboxHandle) -> None:
         """Remove the container (SIGKILL, no grace: the trajectory is over) and its socket dir. Idempotent.
         When dockerd cannot remove it now, the next create() and close() try again."""
-        two = bool(handle.labels.get(L_VOLUMES))
+        commands = _commands_container(handle)
         try:
-            if two:
-                await self._remove(handle.id + COMMANDS_SUFFIX)
+            if commands:
+                await self._remove(commands)
             await self._remove(handle.id)
-            if two:
+            if commands:
                 await self._call(self._remove_volumes, await self.api(), handle.labels[L_VOLUMES].split(":"))
         except BaseException:
             self._unremoved.add(handle.id)
@@ -684,6 +690,8 @@ class DockerBackend:
                 continue
             except docker.errors.APIError as e:
                 raise SandboxError(f"docker volume rm {name} failed: {e.explanation or e}") from e
+            except (docker.errors.DockerException, requests.RequestException) as e:
+                raise SandboxError(f"docker volume rm {name} failed: dockerd unreachable ({e})") from e
 
     def _sweep_volumes(self, api: Any, live: set[str], now: float) -> None:
         """Volumes of sandboxes whose containers are gone (two containers) and that are old enough not to belong to

@@ -140,8 +140,9 @@ async def _two(backend: Any, **spec_fields: Any) -> Any:
 
 
 @ROOT
-@pytest.mark.parametrize("attack", (*sandbox_attacks.RESOURCE_ATTACKS, sandbox_attacks.attack_busy_loops_in_the_cpu_quota,
-                                    *sandbox_attacks.ALL), ids=lambda f: f.__name__)
+@pytest.mark.parametrize("attack", (*sandbox_attacks.RESOURCE_ATTACKS,
+                                    sandbox_attacks.attack_busy_loops_in_the_cpu_quota, *sandbox_attacks.ALL),
+                         ids=lambda f: f.__name__)
 async def test_two_containers_keep_the_agents_resources_and_uid(two_containers: Any, attack: Any) -> None:
     """The same resource attacks and control-plane attacks with the agent in a container of its own: its memory,
     pids and CPU are not the commands' (the commands' container holds the spec's limits; pid, ipc and network

@@ -4,16 +4,16 @@ and a fake agent-sandbox controller. For tests and benchmarks only.
 `FakeKubelet` gives every pod a distinct loopback IP (127.x.y.z, so pods share container ports exactly as on a real
 node network), materialises its volumes as directories (emptyDir; configMap and secret volumes from the stored
 objects, waiting while they are missing like a real kubelet), runs the init containers to completion and then the
-containers, with the pod's own command lines: `$(VAR)` expansion, downward-API env (`metadata.name`,
-`status.podIP`, ...), mount paths rewritten to the volume directories, `python3` run by this interpreter. It writes
-pod status as a kubelet does (scheduled, podIP, init/container states, Ready from a tcpSocket readiness probe,
-Failed when a container exits), enforces `activeDeadlineSeconds` (phase Failed, reason DeadlineExceeded), finishes
-graceful deletions (SIGTERM, then SIGKILL after the grace period, then removes the object), and reports images in
+containers, with the pod's own command lines: `$(VAR)` expansion, downward-API env (`metadata.name`, `status.podIP`,
+...), mount paths rewritten to the volume directories, `python3` run by this interpreter. It writes pod status as a
+kubelet does (scheduled, podIP, init/container states, Ready from a tcpSocket readiness probe, Failed when a
+container exits), enforces `activeDeadlineSeconds` (phase Failed, reason DeadlineExceeded), finishes graceful
+deletions (SIGTERM, then SIGKILL after the grace period, then removes the object), and reports images in
 `bad_images` as ErrImagePull / ImagePullBackOff. Pods not matching `run_selector` become Running without processes
 (e.g. the rollout workers' own pods). A pod's containers share the host's pid and network namespaces, so
-`shareProcessNamespace` and the relay's abstract socket (named per pod) behave as on a node. Not simulated: images, users (an agent's `--run-as UID:GID` is dropped: on a
-shared host a command user's kill(-1) would reach every process of that uid), read-only mounts, resource limits,
-networking policy.
+`shareProcessNamespace` and the relay's abstract socket (named per pod) behave as on a node. Not simulated: images,
+users (an agent's `--run-as UID:GID` is dropped: on a shared host a command user's kill(-1) would reach every
+process of that uid), read-only mounts, resource limits, networking policy.
 
 `FakeAgentSandboxController` plays the agent-sandbox controller for SandboxClaims: it finds the claim's
 SandboxWarmPool and SandboxTemplate, creates a Sandbox (owned by the claim) and its pod from the template (owned by

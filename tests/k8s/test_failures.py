@@ -170,41 +170,51 @@ async def test_watch_survives_drops_and_expiry(fake_cluster: Any) -> None:
         await backend.destroy(h)
 
 
-async def test_claimed_pod_deleted_mid_trajectory_is_infra_error_then_retried(cluster: Any,
-                                                                            smollm2_tokenizer: Any) -> None:
+async def _episode_with_a_fault(cluster: Any, backend: Any, tok: Any, fault: Any, run_id: str) -> tuple[Any, list]:
+    """One code_tests episode answered right, through the real runner with infra_retries=1; while the model
+    "thinks" on its first turn, `await fault(pod name)` hits the claimed pod. Returns (trajectory, what it gave)."""
     from agentrl.envs import get_env
     from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
     from agentrl.sandbox import SandboxPool
     from agentrl.testing.scripted import ScriptedEngine
     from agentrl.tools.render import ChatRenderer
-    from agentrl.types import SamplingParams, Status
+    from agentrl.types import SamplingParams
 
     env = get_env("code_tests", source="easy")
     task = next(iter(env.tasks()))
     reply = f"Here is my solution.\n```python\n{env.reference_solution(task)}\n```"
-    inner = ScriptedEngine(smollm2_tokenizer, [reply, "Done."])
-    killed: list[str] = []
+    inner = ScriptedEngine(tok, [reply, "Done."])
+    faults: list[Any] = []
 
-    class KillOnFirstTurn:
+    class FaultOnFirstTurn:
         def __getattr__(self, item: str) -> Any:
             return getattr(inner, item)
 
         async def generate(self, input_ids: list[int], sampling: SamplingParams, *, session_id: str) -> Any:
-            if not killed:  # the sandbox of the first attempt dies while the model "thinks"
+            if not faults:
                 pod = (await cluster.pods("agentrl.io/state=claimed"))[0]["metadata"]["name"]
-                killed.append(pod)
-                await cluster.delete_pod(pod)
+                faults.append(await fault(pod))
             return await inner.generate(input_ids, sampling, session_id=session_id)
 
-    backend = cluster.backend(warm=1)
     spec = env.sandbox_spec.model_copy(update={"cpus": 0.2, "memory": "256m"})  # fits a 2-core dev node twice
-    rollout = Rollout(env=env, engine=KillOnFirstTurn(), renderer=ChatRenderer(smollm2_tokenizer),
-                      sampling=SamplingParams(temperature=1.0, max_new_tokens=256,
-                                              stop_token_ids=[smollm2_tokenizer.eos_token_id]),
+    rollout = Rollout(env=env, engine=FaultOnFirstTurn(), renderer=ChatRenderer(tok),
+                      sampling=SamplingParams(temperature=1.0, max_new_tokens=256, stop_token_ids=[tok.eos_token_id]),
                       budgets=Budgets(max_turns=3, max_completion_tokens=2048, context_window=4096))
-    async with SandboxPool(backend, spec, max_sandboxes=2, run_id="retry-run") as pool:
+    async with SandboxPool(backend, spec, max_sandboxes=2, run_id=run_id) as pool:
         sched = Scheduler(rollout, pool, SchedulerConfig(group_size=1, infra_retries=1))
-        traj = await sched.run_one(task, group_id="g", sample_index=0)
+        return await sched.run_one(task, group_id="g", sample_index=0), faults
+
+
+async def test_claimed_pod_deleted_mid_trajectory_is_infra_error_then_retried(cluster: Any,
+                                                                            smollm2_tokenizer: Any) -> None:
+    from agentrl.types import Status
+
+    async def delete(pod: str) -> str:  # the sandbox of the first attempt dies while the model "thinks"
+        await cluster.delete_pod(pod)
+        return pod
+
+    traj, killed = await _episode_with_a_fault(cluster, cluster.backend(warm=1), smollm2_tokenizer, delete,
+                                               "retry-run")
     assert killed and traj.attempt == 1, "the first attempt must have failed as infra and been retried"
     assert traj.status is Status.ok and traj.reward == 1.0, traj.error
 
@@ -302,37 +312,13 @@ async def test_the_agent_killed_from_outside_is_infra_and_retried(real_cluster: 
     """The agent has its own container, which no command can signal or fill: its death by a signal (here SIGKILL
     from the host while the model thinks) is an outside cause, infra_error and retried, and the retry scores. With
     the agent in the commands' container this was charged to the policy (resources shared: no proof)."""
-    from agentrl.envs import get_env
-    from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
-    from agentrl.sandbox import SandboxPool
-    from agentrl.testing.scripted import ScriptedEngine
-    from agentrl.tools.render import ChatRenderer
-    from agentrl.types import SamplingParams, Status
+    from agentrl.types import Status
 
-    env = get_env("code_tests", source="easy")
-    task = next(iter(env.tasks()))
-    reply = f"Here is my solution.\n```python\n{env.reference_solution(task)}\n```"
-    inner = ScriptedEngine(smollm2_tokenizer, [reply, "Done."])
-    killed: list[int] = []
+    async def kill_the_agent(pod: str) -> int:
+        return await asyncio.to_thread(_kill_agent_of, pod)
 
-    class KillTheAgentOnFirstTurn:
-        def __getattr__(self, item: str) -> Any:
-            return getattr(inner, item)
-
-        async def generate(self, input_ids: list[int], sampling: SamplingParams, *, session_id: str) -> Any:
-            if not killed:
-                pod = (await real_cluster.pods("agentrl.io/state=claimed"))[0]["metadata"]["name"]
-                killed.append(await asyncio.to_thread(_kill_agent_of, pod))
-            return await inner.generate(input_ids, sampling, session_id=session_id)
-
-    spec = env.sandbox_spec.model_copy(update={"cpus": 0.2, "memory": "256m"})
-    rollout = Rollout(env=env, engine=KillTheAgentOnFirstTurn(), renderer=ChatRenderer(smollm2_tokenizer),
-                      sampling=SamplingParams(temperature=1.0, max_new_tokens=256,
-                                              stop_token_ids=[smollm2_tokenizer.eos_token_id]),
-                      budgets=Budgets(max_turns=3, max_completion_tokens=2048, context_window=4096))
-    async with SandboxPool(real_cluster.backend(), spec, max_sandboxes=2, run_id="agent-killed") as pool:
-        sched = Scheduler(rollout, pool, SchedulerConfig(group_size=1, infra_retries=1))
-        traj = await sched.run_one(task, group_id="g", sample_index=0)
+    traj, killed = await _episode_with_a_fault(real_cluster, real_cluster.backend(), smollm2_tokenizer,
+                                               kill_the_agent, "agent-killed")
     assert killed == [1], killed
     assert traj.attempt == 1, f"the first attempt must have been infra and retried: {traj.status} {traj.error_kind}"
     assert traj.status is Status.ok and traj.reward == 1.0, traj.error

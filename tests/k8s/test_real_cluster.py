@@ -242,7 +242,7 @@ async def test_commands_run_as_uid_1000_and_cannot_kill_the_agent(real_cluster: 
         # the pod's processes as a command sees them (one pid namespace): pid 1 (pause), the agent, the relay
         uids = (await _run(sb, "for p in 1 $(grep -ls -e 'agen[t].py' -e 'agentrl rela[y]' /proc/[0-9]*/cmdline | "
                                "cut -d/ -f3); do awk '/^Uid:/ {print $2}' /proc/$p/status; done")).stdout.split()
-        assert len(uids) >= 3 and "1000" not in uids, f"a process of the control plane runs as the commands' uid: {uids}"
+        assert len(uids) >= 3 and "1000" not in uids, f"a control-plane process runs as the commands' uid: {uids}"
         # graders start from an execute-only python3 in the commands' container: non-dumpable from exec
         assert await sb.health() and sb.judge_python, sb.agent_info
         r = await _run(sb, f"{sb.judge_python} -I -S -c 'import time; time.sleep(3)' & sleep 0.5; "
@@ -260,8 +260,9 @@ async def test_commands_run_as_uid_1000_and_cannot_kill_the_agent(real_cluster: 
 # ---------------------------------------------------------------- the agent's own resources (issue 22)
 
 
-@pytest.mark.parametrize("attack", (*sandbox_attacks.RESOURCE_ATTACKS, sandbox_attacks.attack_busy_loops_in_the_cpu_quota,
-                                    *sandbox_attacks.ALL), ids=lambda f: f.__name__)
+@pytest.mark.parametrize("attack", (*sandbox_attacks.RESOURCE_ATTACKS,
+                                    sandbox_attacks.attack_busy_loops_in_the_cpu_quota, *sandbox_attacks.ALL),
+                         ids=lambda f: f.__name__)
 async def test_commands_cannot_exhaust_the_agents_resources(real_cluster: Any, attack: Any) -> None:
     """The agent has a container of its own: the commands' memory limit (SysV memory no process holds, a fill after
     lowering oom_score_adj), the pod's pids (a daemon holding every pid) and the commands' CPU quota (busy loops)

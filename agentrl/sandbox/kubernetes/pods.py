@@ -32,14 +32,14 @@ threads from start-up and kills without forking (agent.py), so a full pids budge
 reports `resources_separated` in /health; the relay (the sandbox container's main process) is in the commands'
 budget, and if the commands make it die, their later commands fail as the policy's doing.
 
-Why the agent (and the relay) are NOT runAsNonRoot: uid separation. The agent runs as uid 0 with only CHOWN, KILL, SETGID
-and SETUID added back (no_new_privs via allowPrivilegeEscalation: false) and starts every command as 1000:1000, so a
-command can neither signal, ptrace nor read the agent (its environ, fds, memory) nor read the token (root, 0400,
-written by the init container, which runs as uid 0 without any capability for that reason). A non-root agent would
-share its uid with the commands and all of that would be open to them. No fsGroup: it would add group 1000 to the
-agent and make volume files group-readable (the token included); the emptyDirs are 0777, and the agent chowns the
-workspace root to 1000 (CAP_CHOWN; tools such as git refuse a repository owned by another user). Pod Security: this
-needs the "baseline" level (it allows exactly these capabilities), not "restricted".
+Why the agent (and the relay) are NOT runAsNonRoot: uid separation. The agent runs as uid 0 with only CHOWN, KILL,
+SETGID and SETUID added back (no_new_privs via allowPrivilegeEscalation: false) and starts every command as
+1000:1000, so a command can neither signal, ptrace nor read the agent (its environ, fds, memory) nor read the token
+(root, 0400, written by the init container, which runs as uid 0 without any capability for that reason). A non-root
+agent would share its uid with the commands and all of that would be open to them. No fsGroup: it would add group
+1000 to the agent and make volume files group-readable (the token included); the emptyDirs are 0777, and the agent
+chowns the workspace root to 1000 (CAP_CHOWN; tools such as git refuse a repository owned by another user). Pod
+Security: this needs the "baseline" level (it allows exactly these capabilities), not "restricted".
 
 Why a derived token: no per-pod Secret (no extra API calls, nothing to garbage-collect), and the token is in no API
 object, so anyone who may read pods still cannot call a sandbox; a sandbox that reads its own token learns nothing

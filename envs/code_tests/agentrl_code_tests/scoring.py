@@ -73,17 +73,17 @@ async def run_harness(sandbox: Sandbox, data: Any, solution: str, tests: Sequenc
     nonce = new_nonce()
     spec = harness_spec(data, solution, tests, timeout_s=timeout_s, budget_s=budget_s, nonce=nonce)
     result = await sandbox.exec(judge_argv(sandbox, harness_source()), stdin=spec, timeout=budget_s + HARNESS_SLACK_S)
-    report = parse_harness_output(result, [name for name, _ in tests], nonce)
+    line, why = _result_object(result, nonce)
+    report = _report(result, [name for name, _ in tests], line, why)
     if report.error is None:
-        _warn_if_dumpable_at_start(sandbox.judge_python,
-                                   _line_fields(result, nonce).get("nondumpable_from_exec") is True)
+        _warn_if_dumpable_at_start(sandbox.judge_python, line.get("nondumpable_from_exec") is True)
     return report.model_copy(update={"subject": solution_digest(solution)})
 
 
 def judge_argv(sandbox: Sandbox, program: str) -> list[str]:
     """The command that runs `program` as the judge: on the sandbox's execute-only interpreter when it has one
     (non-dumpable from execve), else on python3; isolated mode (-I: no cwd, user site or PYTHON* variables)."""
-    return [sandbox.judge_python or "python3", "-I", "-c", program]
+    return [sandbox.grader_python, "-I", "-c", program]
 
 
 def _warn_if_dumpable_at_start(judge: str | None, nondumpable: bool) -> None:
@@ -99,11 +99,6 @@ def _warn_if_dumpable_at_start(judge: str | None, nondumpable: bool) -> None:
                     "policy process before it starts guards its start-up", why)
 
 
-def _line_fields(result: ExecResult, nonce: str) -> dict[str, Any]:
-    """The JSON object of a believed result line (parse_harness_output checked it)."""
-    return json.loads(result.stdout.rstrip("\n").split("\n")[-1][len(f"{RESULT_MARK}{nonce} "):])
-
-
 def solution_digest(solution: str) -> str:
     """What a report graded, to match a visible-tests report with the final one (agentrl.runner.integrity)."""
     return hashlib.sha256(solution.encode("utf-8", "surrogatepass")).hexdigest()[:16]
@@ -111,7 +106,11 @@ def solution_digest(solution: str) -> str:
 
 def parse_harness_output(result: ExecResult, names: list[str], nonce: str) -> TestReport:
     """The harness's report, or a 0-passed report with `error` saying why none can be believed."""
-    outcomes, why = _believed_outcomes(result, names, nonce)
+    return _report(result, names, *_result_object(result, nonce))
+
+
+def _report(result: ExecResult, names: list[str], line: dict[str, Any] | None, why: str) -> TestReport:
+    outcomes, why = _believed_outcomes(line, names) if line is not None else (None, why)
     if outcomes is None:
         error = f"test harness produced no report ({why}): {cap(result.stderr, 500)}"
         failed = [TestOutcome(name=n, passed=False, message="not run: the harness failed") for n in names]
@@ -119,7 +118,8 @@ def parse_harness_output(result: ExecResult, names: list[str], nonce: str) -> Te
     return TestReport(passed=sum(o.passed for o in outcomes), total=len(outcomes), outcomes=outcomes)
 
 
-def _believed_outcomes(result: ExecResult, names: list[str], nonce: str) -> tuple[list[TestOutcome] | None, str]:
+def _result_object(result: ExecResult, nonce: str) -> tuple[dict[str, Any] | None, str]:
+    """The JSON object of the harness's last line when it can be believed to be this run's, else None and why."""
     if result.timed_out:
         return None, "timed out"
     if result.exit_code != 0:
@@ -129,8 +129,15 @@ def _believed_outcomes(result: ExecResult, names: list[str], nonce: str) -> tupl
     if not nonce or not lines[-1].startswith(prefix):
         return None, "no result line with this run's nonce"
     try:
-        rows = json.loads(lines[-1][len(prefix):])["results"]
-        outcomes = [_outcome(row) for row in rows]
+        line = json.loads(lines[-1][len(prefix):])
+    except ValueError:
+        return None, "unreadable result line"
+    return (line, "") if isinstance(line, dict) else (None, "unreadable result line")
+
+
+def _believed_outcomes(line: dict[str, Any], names: list[str]) -> tuple[list[TestOutcome] | None, str]:
+    try:
+        outcomes = [_outcome(row) for row in line["results"]]
     except (ValueError, KeyError, TypeError):
         return None, "unreadable result line"
     if [o.name for o in outcomes] != names:

@@ -258,7 +258,7 @@ class ShellSessions:
         cid = secrets.token_hex(6)
         nonce = secrets.token_hex(16)
         await sandbox.write_file(f"{session.dir}/cmd.{cid}", command)
-        argv = [sandbox.judge_python or "python3", "-I", "-S", "-c", CLIENT, session.dir, cid, str(session.pid),
+        argv = [sandbox.grader_python, "-I", "-S", "-c", CLIENT, session.dir, cid, str(session.pid),
                 f"{timeout_s:g}", str(half), "1" if sandbox.uid_separated else "0"]
         res = await sandbox.exec(argv, stdin=nonce + "\n", timeout=timeout_s + CLIENT_GRACE_S)
         header, _, text = res.stdout.partition("\n")
