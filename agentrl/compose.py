@@ -306,7 +306,8 @@ def make_vllm_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path]:
                               "pass --model with a local copy of the served checkpoint (engine.model)")
         path = Path(root)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    engine = VLLMEngine(served_model=served, pause_mode=e.pause_mode, **_http_engine_kwargs(e, path))
+    engine = VLLMEngine(served_model=served, pause_mode=e.pause_mode, deterministic=cfg.deterministic,
+                        **_http_engine_kwargs(e, path))
     return engine, tokenizer, path
 
 

@@ -39,6 +39,7 @@ an old one) and the previous adapter is unloaded. Turns are tagged exactly as wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -130,6 +131,8 @@ class HTTPEngine:
         self._connected = False
         self._connect_lock: asyncio.Lock | None = None
         self._gate = WeightGate()
+        self._fence = 0  # +1 when one of our weight updates starts and +1 when it ends (versions without spans)
+        self._broken: str | None = None  # why the servers cannot generate (a failed load left no usable weights)
         self.adapter_prefix = f"agentrl-{uuid.uuid4().hex[:8]}"  # adapter names of this client: unique per run
         self._adapter: str | None = None  # the LoRA adapter later requests name (None: the base model)
         self._stale_adapters: list[str] = []  # adapters whose unload failed (retried on the next update)
@@ -211,6 +214,8 @@ class HTTPEngine:
         ids = input_ids if type(input_ids) is list else list(input_ids)  # sent as is: no per-token copy on the hot path
         if not ids:
             raise ConfigError("generate: input_ids is empty; render at least one prompt token")
+        if self._broken is not None:
+            raise EngineError(self._broken)
         if not self._connected:
             await self.connect()
         max_new = min(sampling.max_new_tokens, self.context_window - len(ids))
@@ -245,6 +250,7 @@ class HTTPEngine:
                                      f"(retries={self.retries}); last: {last}")
 
     async def _generate_once(self, url: str, body: dict[str, Any], session_id: str) -> Generation:
+        fence = self._fence  # read after the gate opened: which of our updates this request may have straddled
         payload = {**body, self.request_id_field: uuid.uuid4().hex}
         if self._adapter is not None:  # read per attempt, after the gate: never an adapter that was replaced
             payload.update(self._adapter_fields(self._adapter))
@@ -256,7 +262,12 @@ class HTTPEngine:
             with self._router.track(url):
                 data = await self._transport.request("POST", f"{url}{self.generate_path}", body=payload,
                                                      headers=headers)
-        return self._parse(data, url)
+        return self._parse(data, url, fence)
+
+    def _fenced_version(self, fence: int) -> int | None:
+        """The weight version of an answer to a request sent at `fence`: ours when no update of ours started since
+        (the servers' weights are written only by us), None when one did (the answer may straddle it: re-run)."""
+        return self._version if fence == self._fence else None
 
     def _pick(self, session_id: str) -> str:
         if self._router is None:
@@ -266,7 +277,7 @@ class HTTPEngine:
     def _body(self, ids: list[int], sampling: SamplingParams, max_new: int, session_id: str) -> dict[str, Any]:
         raise NotImplementedError  # pragma: no cover - the subclass's request mapping
 
-    def _parse(self, data: Any, url: str) -> Generation:
+    def _parse(self, data: Any, url: str, fence: int = 0) -> Generation:
         raise NotImplementedError  # pragma: no cover - the subclass's answer mapping
 
     # ------------------------------------------------------------------------------------------- weights
@@ -276,10 +287,11 @@ class HTTPEngine:
             raise ConfigError(f"{self.name} engine: update_weights needs a checkpoint directory saved with "
                               f"save_pretrained (got {type(source).__name__}); use weight_sync: disk")
         await self.connect()
-        async with self._gate.closed():
+        async with self._gate.closed(), self._fenced():
             await self._load_everywhere(os.fspath(source), version)
             await self._verify_version(version)
             self._version = version
+            self._broken = None  # a complete load repairs servers a failed one had broken
             self.stats.weight_updates += 1
             if self._adapter is not None:  # full weights replace the adapter: later requests go to the new base
                 self._stale_adapters.append(self._adapter)
@@ -294,7 +306,7 @@ class HTTPEngine:
                               f"save_pretrained (got {type(path).__name__})")
         await self.connect()
         name = f"{self.adapter_prefix}-v{version}"
-        async with self._gate.closed():
+        async with self._gate.closed(), self._fenced():
             await self._load_adapter_everywhere(name, os.fspath(path), version)
             await self._verify_version(version)
             if self._adapter is not None and self._adapter != name:
@@ -302,6 +314,15 @@ class HTTPEngine:
             self._adapter, self._version = name, version
             self.stats.weight_updates += 1
             await self._unload_stale()
+
+    @contextlib.asynccontextmanager
+    async def _fenced(self) -> Any:
+        """Mark one weight update of ours: every request in flight across it is re-run by servers without spans."""
+        self._fence += 1
+        try:
+            yield
+        finally:
+            self._fence += 1
 
     async def _unload_stale(self) -> None:
         """Unload the adapters no request names any more; one that fails stays listed for the next update."""

@@ -200,7 +200,10 @@ class LocalEngine:
         with self._cond:
             return EngineStats(**vars(self._stats))
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams, *, session_id: str) -> Generation:
+    async def generate(self, input_ids: list[int], sampling: SamplingParams, *, session_id: str,
+                       partial: dict[str, Any] | None = None) -> Generation:
+        """`partial` (the stand-in servers): on cancellation it gets the tokens generated so far ("output_ids",
+        "logprobs", "version"), which a server returns with an aborted request."""
         if self._closed:
             raise EngineUnavailableError("local engine is closed")
         ids = self._check_ids(input_ids)
@@ -223,6 +226,8 @@ class LocalEngine:
             return await row.future
         except asyncio.CancelledError:
             row.cancelled = True  # the worker drops the row at its next step
+            if partial is not None:  # copies under the GIL; the two lists may differ by the token being appended
+                partial.update(output_ids=list(row.output_ids), logprobs=list(row.logprobs), version=row.version)
             raise
 
     async def update_weights(self, source: Any, version: int) -> None:

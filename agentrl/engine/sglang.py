@@ -116,7 +116,7 @@ class SGLangEngine(HTTPEngine):
             params["sampling_seed"] = seed
         return {"input_ids": ids, "return_logprob": True, "logprob_start_len": -1, "sampling_params": params}
 
-    def _parse(self, data: Any, url: str) -> Generation:
+    def _parse(self, data: Any, url: str, fence: int = 0) -> Generation:
         """Read one non-streamed /generate answer into a Generation."""
         if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
             raise EngineError(f"SGLang {url}/generate: unexpected answer {str(data)[:300]!r}")

@@ -76,8 +76,11 @@ class StandInCore:
     async def _generate(self, request_id: str, ids: list[int], sampling: SamplingParams,
                         session: str) -> tuple[Generation, str | None]:
         """Run one generation as an in-flight task. Returns (generation, abort message); an aborted one has finish
-        "abort" and no tokens. The engine's own error is raised."""
-        entry = InFlight(request_id, asyncio.ensure_future(self.engine.generate(ids, sampling, session_id=session)))
+        "abort" and the tokens (and logprobs) generated before the abort, as the real servers return them. The
+        engine's own error is raised."""
+        partial: dict[str, Any] = {}
+        entry = InFlight(request_id, asyncio.ensure_future(
+            self.engine.generate(ids, sampling, session_id=session, partial=partial)))
         self._inflight[request_id] = entry
         try:
             await asyncio.wait({entry.task})
@@ -86,8 +89,10 @@ class StandInCore:
             if not entry.task.done():  # the client went away: stop generating for it (both servers do the same)
                 entry.task.cancel()
         if entry.task.cancelled():
-            return Generation(output_ids=[], logprobs=[], finish_reason="abort",
-                              weight_version=self.engine.weight_version), entry.abort_message
+            out, lps = list(partial.get("output_ids", [])), list(partial.get("logprobs", []))
+            n = min(len(out), len(lps))
+            return Generation(output_ids=out[:n], logprobs=lps[:n], finish_reason="abort",
+                              weight_version=partial.get("version", self.engine.weight_version)), entry.abort_message
         return entry.task.result(), None
 
     def _abort_where(self, matches: Any, message: str | None = None) -> int:

@@ -11,9 +11,12 @@ generation (LocalEngine) or the contract.
     POST /v1/completions        token-id prompt only, n=1, non-streamed; logprobs 0, return_token_ids,
                                 return_tokens_as_token_ids, return_weight_versions; usage.prompt_tokens_details
     GET  /v1/models, /version, /health
-    POST /pause?mode=abort|wait|keep, /resume; GET /is_paused    abort: in-flight requests end with finish "abort";
-                                while paused (abort, wait) new requests get 503, like vLLM's RetryableRequestError
-    POST /collective_rpc        only {"method": "reload_weights", "kwargs": {"weights_path": ...}}
+    POST /pause?mode=abort|wait|keep, /resume; GET /is_paused    abort: in-flight requests end with finish "abort"
+                                and the tokens they had; every mode holds new requests until /resume, then answers
+                                them (200), as a real vLLM 0.32 does
+    POST /collective_rpc        only {"method": "reload_weights", "kwargs": {"weights_path": ...}}; a refused reload
+                                leaves the server unable to generate (500) until a reload succeeds, as a real vLLM
+                                is left with meta tensors (it then dies; the stand-in only refuses)
     POST /reset_prefix_cache    {"success": false} while requests run
     POST /update_weight_version, GET /weight_info, POST /abort_requests
     POST /v1/load_lora_adapter, /v1/unload_lora_adapter   lora_name, lora_path (VLLM_ALLOW_RUNTIME_LORA_UPDATING):
@@ -21,8 +24,7 @@ generation (LocalEngine) or the contract.
     GET  /agentrl/requests      this stand-in's request log (request_id, session, cached tokens, version, ...)
 
 Differences from vLLM, on purpose: unknown request fields are refused (vLLM ignores them: see vllm_contract.py);
-the prefix cache is per session (`session_id` / X-Session-ID) instead of global; an aborted request returns no
-partial tokens; sampling features the LocalEngine lacks (penalties, min_p, stop strings, logit_bias...) are refused
+the prefix cache is per session (`session_id` / X-Session-ID) instead of global; sampling features the LocalEngine lacks (penalties, min_p, stop strings, logit_bias...) are refused
 with a 400 naming them rather than ignored; the engine applies one LoRA adapter at a time, so a request must name
 the adapter loaded last (or the base model before any), else a 400 saying so.
 """
@@ -72,6 +74,7 @@ class VLLMStandIn(StandInCore):
         self.served_model = served_model or self.model_path
         self.prompt_tokens_details = prompt_tokens_details  # vLLM's --enable-prompt-tokens-details
         self._paused: str | None = None  # the pause mode while paused
+        self._weights_broken: str | None = None  # a refused reload's error: no generation until a reload succeeds
         self.lora_validator = lora_validator or vllm_lora_validator()
 
     def routes(self, r: web.UrlDispatcher) -> None:
@@ -109,9 +112,10 @@ class VLLMStandIn(StandInCore):
         refusal = self._adapter_refusal(model if model in self.adapters else None)
         if refusal:
             return _error(refusal)
-        if self._paused in ("abort", "wait"):
-            return _error("Generation is paused; please retry", status=503, err_type="ServiceUnavailableError")
-        await self._resumed.wait()  # pause mode "keep": queued until /resume
+        await self._resumed.wait()  # every pause mode: held until /resume (vLLM 0.32 answers 200 afterwards)
+        if self._weights_broken is not None:
+            return _error(f"the model's parameters are meta tensors after a failed reload_weights "
+                          f"({self._weights_broken})", status=500, err_type="InternalServerError")
         session = body.get("session_id") or request.headers.get(SESSION_HEADER) or uuid.uuid4().hex
         request_id = str(body.get("request_id") or uuid.uuid4().hex)
         try:
@@ -241,7 +245,10 @@ class VLLMStandIn(StandInCore):
         try:
             await self._load_weights(path)  # relabelled by /update_weight_version
         except Exception as exc:  # noqa: BLE001 - reported like vLLM: a 500 with the worker's error
-            return _error(f"reload_weights failed: {exc}", status=500, err_type="InternalServerError")
+            self._weights_broken = str(exc)
+            return _error(f"Call to collective_rpc method failed: Worker failed with error '{exc}', please check the "
+                          "stack trace above for the root cause", status=500, err_type="InternalServerError")
+        self._weights_broken = None
         return web.json_response({"results": [None]})
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:

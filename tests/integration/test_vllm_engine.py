@@ -271,20 +271,82 @@ async def test_weight_update_from_disk_reruns_or_drains(mode: str, tiny_model_pa
         assert all(g.weight_version == 0 for g in gens) and eng.stats.retried_aborted == 0, "drained on the old"
 
 
-async def test_failed_reload_resumes_and_keeps_the_version(tiny_model_path: Path, tmp_path: Path,
-                                                           validator: CompletionValidator) -> None:
+async def test_a_checkpoint_that_would_not_load_is_refused_before_the_server_sees_it(
+        tiny_model_path: Path, tmp_path: Path, validator: CompletionValidator) -> None:
+    """Missing dir, truncated weights, other shapes: refused by agentrl, the server never paused or touched."""
+    import shutil
+
+    truncated = tmp_path / "truncated"
+    shutil.copytree(tiny_model_path, truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
     async with running(tiny_model_path, validator) as (srv, _):
         eng = vllm_engine(tiny_model_path, [srv.url], retries=0)
         try:
-            with pytest.raises(EngineError, match="reload_weights failed") as info:
+            before = await eng.generate([1, 2, 3], GREEDY, session_id="s")
+            with pytest.raises(EngineError, match="no-such-checkpoint: not a directory"):
                 await eng.update_weights(str(tmp_path / "no-such-checkpoint"), 5)
-            assert "no-such-checkpoint" in str(info.value)
-            gen = await asyncio.wait_for(eng.generate([1, 2, 3], GREEDY, session_id="s"), 30)
+            with pytest.raises(EngineError, match="incomplete or still-running write"):
+                await eng.update_weights(str(truncated), 5)
+            gen = await asyncio.wait_for(eng.generate([1, 2, 3], GREEDY, session_id="s2"), 30)
             with pytest.raises(ConfigError, match="checkpoint directory"):
                 await eng.update_weights({"w": 1}, 6)
         finally:
             await eng.close()
-    assert gen.weight_version == 0 and eng.weight_version == 0 and srv.standin._paused is None
+    assert gen.output_ids == before.output_ids and gen.weight_version == 0 and eng.weight_version == 0
+    assert srv.standin._paused is None
+
+
+async def test_a_reload_the_server_refuses_is_not_retried_and_the_last_good_weights_come_back(
+        tiny_model_path: Path, tmp_path: Path, validator: CompletionValidator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real vLLM answers a failed reload_weights with 500 and is left with meta tensors (the stand-in refuses to
+    generate then). Old client: 500 counted transient, retried, EngineUnavailableError, and the broken server kept
+    serving requests. Now: one attempt, the served checkpoint reloaded, an EngineError with vLLM's answer."""
+    import agentrl.engine.vllm as vllm_mod
+
+    monkeypatch.setattr(vllm_mod, "check_checkpoint", lambda *a, **k: None)  # a defect no client check can see
+    async with running(tiny_model_path, validator) as (srv, _):
+        eng = vllm_engine(tiny_model_path, [srv.url], retries=3, retry_backoff_s=0.01)
+        calls: list[str] = []
+        real_call = eng._call
+
+        async def counting(method: str, url: str, body: Any = None, **kw: Any) -> Any:
+            calls.append(url.rsplit("/", 1)[-1] + ("" if body is None else ":" + json.dumps(body)))
+            return await real_call(method, url, body, **kw)
+
+        eng._call = counting  # type: ignore[method-assign]
+        try:
+            before = await eng.generate([1, 2, 3], GREEDY, session_id="s")
+            with pytest.raises(EngineError, match="vLLM refused to load .*no-such.*restored to") as info:
+                await eng.update_weights(str(tmp_path / "no-such"), 5)
+            assert not isinstance(info.value, EngineUnavailableError), "a refused load is not transient"
+            assert "Worker failed with error" in str(info.value), "vLLM's own answer is in the error"
+            rpc = [c for c in calls if c.startswith("collective_rpc")]
+            assert len(rpc) == 2 and "no-such" in rpc[0] and str(tiny_model_path) in rpc[1], rpc
+            after = await asyncio.wait_for(eng.generate([1, 2, 3], GREEDY, session_id="s2"), 30)
+        finally:
+            await eng.close()
+    assert after.output_ids == before.output_ids and eng.weight_version == 0 and srv.standin._paused is None
+
+
+async def test_when_the_restore_fails_too_the_engine_stops_generating(
+        tiny_model_path: Path, tmp_path: Path, validator: CompletionValidator, monkeypatch: pytest.MonkeyPatch) -> None:
+    import agentrl.engine.vllm as vllm_mod
+
+    monkeypatch.setattr(vllm_mod, "check_checkpoint", lambda *a, **k: None)
+    async with running(tiny_model_path, validator) as (srv, _):
+        eng = vllm_engine(tiny_model_path, [srv.url], retries=0)
+        try:
+            await eng.connect()
+            eng.facts[srv.url].served_root = None
+            eng.model_path = str(tmp_path / "gone")  # nothing good to go back to
+            with pytest.raises(EngineError, match="no usable weights"):
+                await eng.update_weights(str(tmp_path / "no-such"), 5)
+            with pytest.raises(EngineError, match="no usable weights") as info:
+                await eng.generate([1, 2, 3], GREEDY, session_id="s")
+        finally:
+            await eng.close()
+    assert not isinstance(info.value, EngineUnavailableError)
 
 
 async def test_straddling_generation_is_rerun() -> None:
