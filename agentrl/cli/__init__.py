@@ -10,6 +10,10 @@
                                                   (stand-in SGLang / vLLM server over the local engine)
     agentrl reward serve [--port N]               (reference reward-model service, http source)
     agentrl diff RUN_A RUN_B                      (first divergence of two runs; exit 1 if any)
+
+Exit codes: 0 done; 1 a check failed (envs check, diff); 2 bad input or a failed component (the message says which);
+3 the run finished but more than max_unscored_frac of it ended infra_error (nothing it reports can be trusted);
+130 interrupted.
     agentrl doctor [--config job.yaml]            (what this machine offers the job, and the fixes)
 
 Wherever an env NAME is taken, `path/to/file.py:Class` or `package.module:Class` works too.
@@ -62,6 +66,8 @@ def _add_rollout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, help="per-turn generation budget")
     p.add_argument("--concurrency", type=int, dest="max_trajectories", help="trajectories in flight (default 16)")
     p.add_argument("--summary-json", type=Path, help="also write the summary as JSON here")
+    p.add_argument("--max-unscored-frac", type=float,
+                   help="exit 3 when more trajectories than this share end infra_error (default 0.1)")
     p.add_argument("--env-option", action="append", default=[], metavar="KEY=VALUE",
                    help="option passed to the env constructor, e.g. source=humaneval")
 
@@ -69,7 +75,7 @@ def _add_rollout_args(p: argparse.ArgumentParser) -> None:
 def _overrides(a: argparse.Namespace) -> dict[str, Any]:
     """CLI flags -> nested config overrides (only flags the user actually gave)."""
     o: dict[str, Any] = {k: v for k in ("env", "tasks", "task_ids", "group_size", "out", "resume", "seed",
-                                          "deterministic", "summary_json", "max_trajectories")
+                                          "deterministic", "summary_json", "max_trajectories", "max_unscored_frac")
                          if (v := getattr(a, k)) is not None}
     nested = {
         ("budgets", "max_turns"): a.max_turns, ("engine", "model"): a.model, ("engine", "type"): a.engine,
@@ -124,7 +130,8 @@ def _cmd_envs_check(a: argparse.Namespace) -> int:
     options = dict(_parse_kv(kv) for kv in a.env_option)
     return _run_cancellable(check_env(a.name, solutions=a.solutions, backend=a.sandbox, json_out=a.json,
                                       options=options, tasks=a.tasks, concurrency=a.concurrency,
-                                      unsafe_no_isolation=a.unsafe_no_isolation))
+                                      unsafe_no_isolation=a.unsafe_no_isolation,
+                                      max_unscored_frac=a.max_unscored_frac))
 
 
 def _cmd_sandbox_gc(a: argparse.Namespace) -> int:
@@ -204,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tasks", type=int, help="check only the first N tasks")
     c.add_argument("--concurrency", type=int, default=4)
     c.add_argument("--env-option", action="append", default=[], metavar="KEY=VALUE")
+    c.add_argument("--max-unscored-frac", type=float, default=0.10,
+                   help="exit 3 when more tasks than this share could not be scored for an infrastructure failure")
     c.set_defaults(func=_cmd_envs_check)
     sb = sub.add_parser("sandbox", help="sandbox maintenance").add_subparsers(dest="sb_cmd", required=True)
     gc = sb.add_parser("gc", help="remove sandboxes left by dead runs or past their TTL")

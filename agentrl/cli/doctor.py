@@ -261,6 +261,42 @@ def check_engine_url(url: str, kind: str, local_model: str | None) -> Check:
     return Check(f"{kind} {url}", status, f"{detail}; tokenizer: {match}", fix, True)
 
 
+def vllm_capabilities(url: str, *, deterministic: bool = False) -> list[Check]:
+    """What a vLLM server offers agentrl (version, dev mode, weight reload, LoRA, weight-version spans, seeded
+    chunked prefill) and what agentrl does about each gap (`agentrl.engine.vllm_server`)."""
+    from agentrl.engine.vllm_server import facts_from
+
+    base = url.rstrip("/")
+    facts = facts_from(url, version=_first_json(base, ("/version",)), models=_first_json(base, ("/v1/models",)),
+                       weight=_first_json(base, ("/weight_info",)),
+                       info=_first_json(base, ("/server_info?config_format=json",)))
+    name = f"vllm {url}"
+    rows = [Check(f"{name} dev mode", OK if facts.dev_mode else FAIL,
+                  "weight reload (/collective_rpc reload_weights), /pause, /weight_info" if facts.dev_mode else
+                  "no /weight_info: no weight sync", "" if facts.dev_mode else "start it with VLLM_SERVER_DEV_MODE=1",
+                  True),
+            Check(f"{name} spans", OK if facts.spans == "exact" else WARN,
+                  f"vLLM {facts.version or '?'}: " + ("exact weight-version spans" if facts.spans == "exact" else
+                                                       "no spans; versions derived from agentrl's update fences")),
+            Check(f"{name} LoRA", OK if facts.lora else NA,
+                  f"max rank {facts.max_lora_rank}" if facts.lora else "not enabled: weight_sync adapter refused",
+                  "" if facts.lora else "--enable-lora --max-lora-rank R, VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")]
+    crash = facts.seeded_prefill_crashes
+    rows.append(Check(f"{name} seeded prefill", {True: WARN, False: OK, None: NA}[crash],
+                      {True: f"{facts.device} server, chunked prefill at {facts.max_num_batched_tokens} < "
+                             f"max_model_len {facts.max_model_len}: seeded requests would crash it; agentrl sends "
+                             "no seeds and refuses --deterministic",
+                       False: f"safe ({facts.device}, chunked prefill {facts.chunked_prefill})",
+                       None: "unknown (no /server_info)"}[crash],
+                      "restart with --no-enable-chunked-prefill --max-num-batched-tokens >= --max-model-len"
+                      if crash else "", bool(crash) and deterministic))
+    if facts.dtype:
+        rows.append(Check(f"{name} dtype", OK if "float32" in facts.dtype else WARN, facts.dtype,
+                          "" if "float32" in facts.dtype else "bf16 logprobs differ from the trainer's fp32 "
+                          "recomputation (mismatch_* in metrics.jsonl); --dtype float32 for exact ones"))
+    return rows
+
+
 def _tokenizer_match(info: dict[str, Any], local_model: str | None) -> tuple[str, str]:
     served = info.get("tokenizer_path") or info.get("model_path")
     if not local_model:
@@ -335,9 +371,19 @@ def run_checks(cfg: Any, output_dir: Path) -> list[Check]:
         rows.append(check_model(engine.model, True))
     else:
         rows += [check_engine_url(u, engine.type, engine.model) for u in _engine_urls(engine)]
+        if engine.type == "vllm":
+            rows += [r for u in engine.urls for r in vllm_capabilities(u, deterministic=cfg.deterministic)]
     rows.append(check_gpu())
     rows += check_disk({"output": output_dir.resolve(), "model cache": models.default_cache_dir()})
     return rows
+
+
+def _engine_config(kind: str, urls: list[str], current: Any) -> Any:
+    from agentrl.config import SGLangEngineConfig, VLLMEngineConfig
+
+    model = getattr(current, "model", None)
+    cls = VLLMEngineConfig if kind == "vllm" else SGLangEngineConfig
+    return cls(urls=urls, model=model)
 
 
 def _engine_urls(engine: Any) -> list[str]:
@@ -366,6 +412,9 @@ def _cmd_doctor(a: argparse.Namespace) -> int:
     from rich.console import Console
 
     cfg, output_dir = load_job(a.config)
+    if a.engine_urls:
+        kind = a.engine or ("vllm" if _first_json(a.engine_urls[0], ("/version",)) else "sglang")
+        cfg = cfg.model_copy(update={"engine": _engine_config(kind, a.engine_urls, cfg.engine)})
     rows = run_checks(cfg, output_dir)
     code = exit_code(rows)
     console = Console(highlight=False, width=max(Console().width, 140))
@@ -385,5 +434,8 @@ def add_doctor_command(sub: Any) -> None:
                                       "and say how to fix what is missing")
     p.add_argument("--config", type=Path, help="train or rollout YAML (default: local engine + local sandbox)")
     p.add_argument("--quiet", action="store_true", help="print the table only when the job cannot run")
+    p.add_argument("--engine-url", action="append", dest="engine_urls", metavar="URL",
+                   help="check this SGLang / vLLM server instead of the config's engine (repeatable)")
+    p.add_argument("--engine", choices=["sglang", "vllm"], help="the server kind (default: detected from /version)")
     p.set_defaults(func=_cmd_doctor)
 

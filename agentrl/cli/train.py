@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agentrl.cli.display import EXIT_UNSCORED, unscored_verdict
 from agentrl.config import _deep_merge, load_config
 from agentrl.errors import ConfigError
 
@@ -312,6 +313,7 @@ async def run_eval(cfg: Any, candidate: Path, baseline: Path | None, out: Path, 
             finally:
                 await parts.aclose()
             write_json(out / f"{label}.json", results[label])
+    failed = _eval_unscored(cfg, results)
     if baseline is None:
         from agentrl.trainer.eval_stats import bootstrap_ci
 
@@ -320,9 +322,20 @@ async def run_eval(cfg: Any, candidate: Path, baseline: Path | None, out: Path, 
             ci = bootstrap_ci(scores)
             interval = f" [{ci[0]:.3f}, {ci[1]:.3f}] (95% bootstrap over {len(scores)} tasks)" if ci else ""
             print(f"[{mode}] mean reward {m['mean'] if m['mean'] is None else round(m['mean'], 3)}{interval}")
-        return 0
-    report = diff_evals(results["baseline"], results["candidate"])
-    write_json(out / "report.json", report)
-    print(format_diff(report))
-    print(f"report: {out / 'report.json'}")
+    else:
+        report = diff_evals(results["baseline"], results["candidate"])
+        write_json(out / "report.json", report)
+        print(format_diff(report))
+        print(f"report: {out / 'report.json'}")
+    if failed:
+        print(failed, file=sys.stderr)
+        return EXIT_UNSCORED
     return 0
+
+
+def _eval_unscored(cfg: Any, results: dict[str, dict]) -> str | None:
+    """The failure line when too many eval runs (any checkpoint, any mode) ended infra_error, else None."""
+    tasks = [t for r in results.values() for m in r["modes"].values() for t in m["tasks"].values()]
+    infra = sum(int(t.get("infra_errors") or 0) for t in tasks)
+    total = sum(len(t.get("rewards") or []) for t in tasks)
+    return unscored_verdict("eval", infra, total, cfg.max_unscored_frac)

@@ -19,12 +19,12 @@ from typing import Any
 
 from rich.console import Console
 
-from agentrl.cli.display import ProgressDisplay, summary_table
+from agentrl.cli.display import EXIT_UNSCORED, ProgressDisplay, summary_table, unscored_verdict
 from agentrl.cli.gc_policy import GcMonitor
 from agentrl.compose import RunParts, build_run, env_backend_options, make_pool, run_env, select_tasks
 from agentrl.config import RolloutConfig
 from agentrl.envs import Env, Task, get_env, lease_sandbox
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, InfraError
 from agentrl.runner.lag import LoopLag
 from agentrl.store import TrajectoryStore, read_trajectories, summarize
 from agentrl.types import TestReport
@@ -75,6 +75,11 @@ async def run_rollout(cfg: RolloutConfig) -> int:
                   f"({lag['ticks']} ticks)")
     if cfg.summary_json:
         cfg.summary_json.write_text(json.dumps(summary, indent=2))
+    failed = unscored_verdict(f"rollout {cfg.out}", int(summary.get("infra_errors", 0)), len(all_trajs),
+                              cfg.max_unscored_frac)
+    if failed:
+        print(failed, file=sys.stderr)  # one line, never wrapped: scripts grep it
+        return EXIT_UNSCORED
     return 0
 
 
@@ -148,7 +153,8 @@ class CheckProgress:
 
 async def check_env(name: str, *, solutions: Path | None, backend: str, json_out: Path | None,
                     options: dict[str, Any], tasks: int | None, concurrency: int,
-                    unsafe_no_isolation: bool = False, console: Console | None = None) -> int:
+                    unsafe_no_isolation: bool = False, console: Console | None = None,
+                    max_unscored_frac: float = 0.10) -> int:
     """Score the reference (or given) solutions of `name`'s tasks in real sandboxes; a heartbeat line (on
     `console`, default stderr) every few seconds until the last result, so a slow first use or sandbox is never
     silent."""
@@ -156,11 +162,13 @@ async def check_env(name: str, *, solutions: Path | None, backend: str, json_out
     progress = CheckProgress(env.name)
     with ProgressDisplay(progress.line, console):
         return await _check_env(env, progress, solutions=solutions, backend=backend, json_out=json_out,
-                                tasks=tasks, concurrency=concurrency, unsafe_no_isolation=unsafe_no_isolation)
+                                tasks=tasks, concurrency=concurrency, unsafe_no_isolation=unsafe_no_isolation,
+                                max_unscored_frac=max_unscored_frac)
 
 
 async def _check_env(env: Env, progress: CheckProgress, *, solutions: Path | None, backend: str,
-                     json_out: Path | None, tasks: int | None, concurrency: int, unsafe_no_isolation: bool) -> int:
+                     json_out: Path | None, tasks: int | None, concurrency: int, unsafe_no_isolation: bool,
+                     max_unscored_frac: float) -> int:
     await prepare_env(env)
     todo = select_tasks(env, tasks, [])
     progress.total = len(todo)
@@ -169,6 +177,7 @@ async def _check_env(env: Env, progress: CheckProgress, *, solutions: Path | Non
                      run_id=uuid.uuid4().hex[:12], unsafe_no_isolation=unsafe_no_isolation,
                      backend_options=env_backend_options(backend, env))
     sem = asyncio.Semaphore(concurrency)
+    infra: set[str] = set()  # tasks whose scoring an infrastructure failure ended (not the solution's doing)
     # an env may list extra solutions with a required verdict (e.g. a no-op and a test-only patch must fail); those
     # envs also get the reference scored twice, and the two reports must agree
     check_cases = getattr(env, "check_cases", None) if given is None else None
@@ -180,6 +189,8 @@ async def _check_env(env: Env, progress: CheckProgress, *, solutions: Path | Non
         except ConfigError:
             raise  # the setup is wrong, not this solution: one error for the whole check
         except Exception as exc:  # noqa: BLE001 - e.g. the solution killed its sandbox: score 0, check the rest
+            if isinstance(exc, InfraError) and not getattr(exc, "in_flight", False):  # not during its code
+                infra.add(task.id)
             reason = f"the sandbox broke while scoring this solution: {type(exc).__name__}: {exc}"
             return TestReport(passed=0, total=0, error=reason[:500])
 
@@ -247,6 +258,10 @@ async def _check_env(env: Env, progress: CheckProgress, *, solutions: Path | Non
                                          "outcomes": [o.model_dump() for o in r.outcomes],
                                          "signals": [sig.model_dump() for sig in r.signals]} for t, r in results],
                                        indent=1))
+    failed = unscored_verdict(f"envs check {env.name}", len(infra), len(results), max_unscored_frac)
+    if failed:
+        print(failed, file=sys.stderr)
+        return EXIT_UNSCORED
     return 0 if given is not None or full == len(results) else 1
 
 

@@ -6,6 +6,9 @@ the `vllm` tier runs the same client against a real vLLM 0.32 (tests/vllm/)."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +35,8 @@ class FakeVLLM:
     """A vLLM `version` server: metadata, dev-mode control endpoints, and /v1/completions answers that wait for
     `release` (so a test can run a weight update while one is in flight). Spans only from 0.33 on."""
 
-    def __init__(self, version: str, info: dict | None = None) -> None:
-        self.version, self.info = version, info
+    def __init__(self, version: str, info: dict | None = None, *, spans: bool = True) -> None:
+        self.version, self.info, self.spans = version, info, spans
         self.label, self.bodies, self.release = "default", [], asyncio.Event()
         self.release.set()
         app = web.Application()
@@ -69,7 +72,7 @@ class FakeVLLM:
         ids = [5, 6]
         choice: dict[str, Any] = {"index": 0, "text": "", "finish_reason": "length", "token_ids": ids,
                                   "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-0.5] * 2}}
-        if parse_version(self.version) >= (0, 33) and body.get("return_weight_versions"):
+        if self.spans and parse_version(self.version) >= (0, 33) and body.get("return_weight_versions"):
             choice["weight_versions"] = [{"version": self.label, "start": 0, "end": 2}]
         return web.json_response({"choices": [choice], "usage": {"prompt_tokens": 2, "completion_tokens": 2}})
 
@@ -167,3 +170,30 @@ def test_server_facts_from_a_real_032_dump() -> None:
     gaps = dict(facts.gaps(deterministic=True))
     assert any("spans" in k for k in gaps) and any("chunked prefill" in k for k in gaps)
     assert parse_version("0.33.1rc1+cpu") == (0, 33, 1) and parse_version(None) is None
+
+
+def test_a_rollout_whose_every_trajectory_is_infra_error_exits_non_zero(eos_prone_model: Path, tmp_path: Path) -> None:
+    """Old CLI: the real vLLM 0.32 gave every trajectory infra_error (no spans) and `agentrl rollout` exited 0. A
+    server whose answers cannot be used (here: a 0.33 that lost its spans) now makes the rollout exit 3 with a
+    summary; the trajectories are still stored."""
+    from agentrl.store import read_trajectories
+
+    loop = asyncio.new_event_loop()
+    fake = FakeVLLM("0.33.0", spans=False)
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    url = asyncio.run_coroutine_threadsafe(fake.start(), loop).result(30)
+    out = tmp_path / "t.jsonl"
+    try:
+        r = subprocess.run([sys.executable, "-m", "agentrl.cli", "rollout", "--env", "code_tests", "--model",
+                            str(eos_prone_model), "--tasks", "1", "--group-size", "2", "--max-turns", "1",
+                            "--max-new-tokens", "4", "--out", str(out), "--engine", "vllm", "--engine-url", url],
+                           capture_output=True, text=True, timeout=300, check=False)
+    finally:
+        asyncio.run_coroutine_threadsafe(fake.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+    assert r.returncode == 3, (r.returncode, r.stderr[-3000:])
+    assert "2/2 trajectories ended infra_error" in r.stderr
+    trajs = read_trajectories(out)
+    assert len(trajs) == 2 and all(t.status.value == "infra_error" for t in trajs)
