@@ -264,6 +264,13 @@ class LocalEngine:
                          adapter=name or str(path))
         await self._apply(update)
 
+    async def unload_adapter(self) -> None:
+        """Back to the base weights (the stand-ins' /v1/unload_lora_adapter of the adapter applied now); the weight
+        version is kept. Drains like `update_weights`."""
+        loop = asyncio.get_running_loop()
+        await self._apply(_Update(state=None, version=self._version, loop=loop, future=loop.create_future(),
+                                  deltas={}, adapter=None))
+
     async def _apply(self, update: _Update) -> None:
         """Queue a weight update for the worker (it drains rows in flight first) and wait until it is applied."""
         with self._cond:

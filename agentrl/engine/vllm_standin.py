@@ -293,6 +293,8 @@ class VLLMStandIn(StandInCore):
             return _error("'lora_name' needs to be provided to unload a LoRA adapter.", err_type="InvalidUserInput")
         if self.adapters.pop(name, None) is None:
             return _error(f"The lora adapter '{name}' cannot be found.", status=404, err_type="NotFoundError")
+        if getattr(self.engine, "adapter", None) == name:  # a real server serves the base model next to adapters
+            await self.engine.unload_adapter()
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
