@@ -171,11 +171,15 @@ class MlflowTracker:
         if self.uri.startswith("sqlite:///"):
             own.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=self.uri)
-        experiment = self.client.get_experiment_by_name(project)
-        artifacts = (own / "artifacts").resolve().as_uri() if self.uri.startswith("sqlite:///") else None
-        self.experiment_id = experiment.experiment_id if experiment is not None else \
-            self.client.create_experiment(project, artifact_location=artifacts)
+        self.experiment_id = state.get("experiment_id") or self._experiment(project, own)
         self.run_id = state.get("run_id") or self._create(run_name, config)
+
+    def _experiment(self, project: str, own: Path) -> str:
+        experiment = self.client.get_experiment_by_name(project)
+        if experiment is not None:
+            return str(experiment.experiment_id)
+        artifacts = (own / "artifacts").resolve().as_uri() if self.uri.startswith("sqlite:///") else None
+        return str(self.client.create_experiment(project, artifact_location=artifacts))
 
     def _create(self, run_name: str | None, config: dict[str, Any]) -> str:
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags={"agentrl.source": "agentrl train"})
