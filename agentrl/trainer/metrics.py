@@ -39,11 +39,12 @@ METRIC_KEYS = ("step", "reward_mean", "reward_std", "frac_zero_std_groups", "pas
 IS_CLIPPED_KEY = "sampling/importance_sampling_ratio/clipped_frac"  # logged by AgentGRPOTrainer
 
 
-TIMING_SUFFIXES = ("_wait_s", "_idle_s")
+TIMING_SUFFIXES = ("_wait_s", "_idle_s", "_per_s")
 
 
 def is_timing(key: str) -> bool:
-    """Metrics that measure wall time (they differ between identical runs): `time_*`, `*_wait_s`, `*_idle_s`."""
+    """Metrics that measure wall time (they differ between identical runs): `time_*`, `*_wait_s`, `*_idle_s` and
+    rates over time (`*_per_s`)."""
     return key.startswith("time_") or key.endswith(TIMING_SUFFIXES)
 
 

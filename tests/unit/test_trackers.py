@@ -64,6 +64,13 @@ def test_report_to_reaches_every_rank_of_nproc() -> None:
     assert train_argv(a)[3:] == ["--report-to", "tensorboard,wandb", "--report-to", "mlflow"]
 
 
+def test_tokens_per_s_is_a_timing_metric() -> None:
+    """It differs between identical runs, so determinism checks and `agentrl diff` leave it out."""
+    from agentrl.trainer.metrics import is_timing
+
+    assert is_timing("tokens_per_s") and not is_timing("pass_at_g")
+
+
 def test_every_numeric_metric_is_forwarded_including_new_ones() -> None:
     row = {"step": 3, "reward_mean": 0.5, "tool_errors": 2, "kl": None, "weight_versions": [3], "env": "x",
            "reused_rollout": True, "mismatch_kl_mean": 0.01, "mismatch": {"p99": 0.2}, "nan": float("nan")}

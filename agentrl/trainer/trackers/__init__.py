@@ -10,7 +10,8 @@ table (record.py), and evaluation results to every tracker (backends.py).
 logged. A resumed run (`agentrl train --resume`) reopens the same tracker runs from it. Steps a crash made the job
 redo (logged before the crash, after the last checkpoint) are never logged twice: TensorBoard purges them and logs
 the redone values; W&B, trackio and MLflow cannot drop points, so they keep the values first logged and the job
-skips those steps (and evaluations of steps already logged). `agentrl eval` on a run directory logs its results into the same tracker runs.
+skips those steps (and evaluations of steps already logged). `agentrl eval` on a run directory logs its results into
+the same tracker runs.
 
 Evaluation during training runs between two steps' logs (after update N, before step N-1's row is logged); its
 results are held until the step before them is logged, so every tracker sees steps in order (W&B drops a step lower
@@ -101,7 +102,8 @@ class TrackerSet:
         self.trackers: list[Any] = []
         self.skip_through: dict[str, int] = {}  # tracker -> steps <= this were logged before a resume: not again
         self.skip_eval_through: dict[str, int] = {}  # the same for evaluation results
-        self.pending: list[tuple[int, dict[str, float], bool]] = []  # evaluation results waiting for the step before them
+        # evaluation results (step, values, from training) waiting for the step before them
+        self.pending: list[tuple[int, dict[str, float], bool]] = []
         self.last_row_step = -1 if resume_step is None else resume_step - 1
         try:
             for name in dict.fromkeys(names):

@@ -87,8 +87,10 @@ class WandbTracker:
         self.mode = os.environ.get("WANDB_MODE") or "offline"  # offline first: the user's mode wins when set
         self.id = state.get("id") or uuid.uuid4().hex[:8]
         self.previous_dirs = list(state.get("dirs", []))
+        # show_warnings off: TRL asks every checkpoint's model card for the run URL, which warns in offline mode
         settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, disable_git=True,
-                                  save_code=False, x_save_requirements=False, disable_job_creation=True)
+                                  save_code=False, x_save_requirements=False, disable_job_creation=True,
+                                  show_warnings=False)
         self.run = wandb.init(project=state.get("project", project), name=run_name, id=self.id, resume="allow",
                               dir=str(run_dir), config=config, mode=self.mode, settings=settings)
         self.dir = Path(self.run.dir).parent  # <run>/wandb/offline-run-<time>-<id>

@@ -53,7 +53,8 @@ def scalars(row: Mapping[str, Any], prefix: str = TRAIN_PREFIX) -> dict[str, flo
 def histograms(trajectories: Sequence[Trajectory]) -> dict[str, list[float]]:
     """Per-step distributions; a trajectory without a reward (infra_error) is not a reward of 0."""
     hists = {
-        "reward": [float(t.reward) for t in trajectories if t.reward is not None and t.status is not Status.infra_error],
+        "reward": [float(t.reward) for t in trajectories
+                   if t.reward is not None and t.status is not Status.infra_error],
         "turns": [float(len(t.turns)) for t in trajectories],
         "completion_len": [float(len(t.completion_ids)) for t in trajectories],
     }
