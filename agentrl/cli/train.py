@@ -1,6 +1,7 @@
 """`agentrl train` and `agentrl eval`: wiring the training job and checkpoint evaluation from a job config.
 
     agentrl train --config job.yaml [--resume] [--steps N] [--output-dir DIR] [--seed S] [--nproc N]
+                  [--report-to tensorboard,wandb,trackio,mlflow]
     agentrl eval --checkpoint A [--baseline B] [--config job.yaml] [--out DIR] [--tasks N] [--samples K]
                  [--no-greedy]
 
@@ -40,6 +41,9 @@ def add_train_commands(sub: Any) -> None:
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="train on N processes on this machine (torchrun; rank 0 rolls out, every rank trains its "
                         "slice; docs/training.md, Scaling out)")
+    p.add_argument("--report-to", action="append", metavar="TRACKER",
+                   help="experiment trackers fed every per-step metric: tensorboard, wandb (offline unless WANDB_MODE "
+                        "is set), trackio, mlflow; repeat or comma-separate; 'none' for none (overrides `report_to`)")
     p.set_defaults(func=_cmd_train)
     e = sub.add_parser("eval", help="score a checkpoint on a fixed task set (sampled + greedy), diff vs a baseline",
                        description="Means come with 95%% bootstrap intervals over tasks; the candidate-vs-baseline "
@@ -75,6 +79,8 @@ def _train_overrides(a: argparse.Namespace) -> dict[str, Any]:
                        ("deterministic", a.deterministic)):
         if value is not None:
             o[key] = str(value) if isinstance(value, Path) else value
+    if getattr(a, "report_to", None):
+        o["report_to"] = [n for item in a.report_to for n in item.split(",")]  # "none" clears; the config checks
     return o
 
 
@@ -99,6 +105,8 @@ def train_argv(a: argparse.Namespace) -> list[str]:
                         ("--seed", a.seed)):
         if value is not None:
             argv += [flag, str(value)]
+    for item in getattr(a, "report_to", None) or []:
+        argv += ["--report-to", item]
     return argv + ["--resume"] * bool(a.resume) + ["--deterministic"] * bool(a.deterministic)
 
 
@@ -123,6 +131,10 @@ def _cmd_train(a: argparse.Namespace) -> int:
         argv = launch_argv(a.nproc, train_argv(a))
         os.execv(argv[0], argv)  # torchrun owns the ranks now (and forwards SIGTERM / SIGINT to them)
     cfg = load_config(TrainConfig, a.config, _train_overrides(a))
+    from agentrl.trainer.trackers import check_trackers, prepare_environment
+
+    check_trackers(cfg.report_to)  # before the model loads
+    prepare_environment(cfg.report_to, cfg.output_dir)  # before TRL imports the trackers' libraries
     _quiet_libraries()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM tears down like Ctrl-C
     try:
@@ -142,6 +154,10 @@ def _cmd_train(a: argparse.Namespace) -> int:
         return 3
     print(f"train: done, {result.steps_done} steps; metrics {cfg.metrics_path}, trajectories "
           f"{cfg.trajectories_path}, checkpoints {cfg.checkpoints_dir}")
+    if cfg.report_to:
+        from agentrl.trainer.trackers import where
+
+        print("trackers (trackers.json): " + "; ".join(where(cfg.output_dir)))
     return 0
 
 
@@ -230,7 +246,45 @@ def _cmd_eval(a: argparse.Namespace) -> int:
     candidate = _resolve(a.checkpoint)
     baseline = _resolve(a.baseline) if a.baseline else None
     out = a.out or _default_eval_out(Path(a.checkpoint))
-    return asyncio.run(run_eval(cfg, candidate, baseline, out))
+    tracked = _tracked_run(Path(a.checkpoint), candidate)
+    rc = asyncio.run(run_eval(cfg, candidate, baseline, out))
+    if tracked is not None:
+        log_eval_to_trackers(tracked[0], tracked[1], out, cfg)
+    return rc
+
+
+def _tracked_run(checkpoint: Path, resolved: Path) -> tuple[Path, int] | None:
+    """(run dir, step) when `checkpoint` is a training run (or one of its checkpoints) that logged to experiment
+    trackers: `agentrl eval` then adds its results to the same tracker runs. Checks the libraries up front."""
+    from agentrl.trainer.resume import checkpoint_step
+    from agentrl.trainer.trackers import check_trackers, prepare_environment, read_state
+
+    step = checkpoint_step(resolved)
+    for run_dir in (checkpoint, *checkpoint.parents[:3]):
+        state = read_state(run_dir)
+        if state and step is not None:
+            names = [name for name in state if isinstance(state[name], dict)]
+            check_trackers(names)
+            prepare_environment(names, run_dir)
+            return run_dir, step
+    return None
+
+
+def log_eval_to_trackers(run_dir: Path, step: int, out: Path, cfg: Any) -> None:
+    """The reports `run_eval` wrote into `out`, logged at the checkpoint's step as `eval_cli/<mode>/...` (and the
+    baseline's as `eval_cli_baseline/...`) into the run's tracker runs (trackers.json)."""
+    import json
+
+    from agentrl.trainer.trackers import TrackerSet, read_state
+
+    state = read_state(run_dir)
+    names = [name for name in state if isinstance(state[name], dict)]
+    with TrackerSet(run_dir, names, project=cfg.tracking.project, run_name=cfg.tracking.run_name) as trackers:
+        for label, prefix in (("baseline", "eval_cli_baseline/"), ("candidate", "eval_cli/")):
+            path = out / f"{label}.json"
+            if path.exists():
+                trackers.log_eval(step, json.loads(path.read_text()), prefix, now=True)
+    print(f"eval: logged at step {step} to {', '.join(names)} (the run's trackers, {run_dir / 'trackers.json'})")
 
 
 def _default_eval_out(checkpoint: Path) -> Path:

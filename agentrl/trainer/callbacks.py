@@ -6,6 +6,9 @@ first step (the baseline, "step-0"), after every `eval_every` optimizer steps, a
 behaviour snapshots run: before the first step and right after each saved checkpoint whose step is a multiple of
 `snapshot_every` (so their rollouts go into that checkpoint's directory).
 
+With `report_to`, rank 0 forwards each step's row (exactly what metrics.jsonl gets) and the step's trajectories to the
+experiment trackers (agentrl.trainer.trackers).
+
 Ranks other than 0 run the same callback without a writer (their rollout function records no steps) so that they
 join rank 0's weight sync before evaluation and snapshots; `RankStop` carries rank 0's stop to them.
 
@@ -35,7 +38,7 @@ class StepCallback(TrainerCallback):
                  echo: Callable[[str], None] = print, eval_every: int = 0,
                  run_eval: Callable[[int], None] | None = None, snapshot_every: int = 0,
                  run_snapshot: Callable[[int], None] | None = None, gc_monitor: Any = None,
-                 loop_lag: Any = None, integrity_options: Any = None) -> None:
+                 loop_lag: Any = None, integrity_options: Any = None, trackers: Any = None) -> None:
         self.rollout = rollout
         self.writer = writer
         self.total_steps = total_steps
@@ -50,6 +53,7 @@ class StepCallback(TrainerCallback):
         self.gc_monitor = gc_monitor  # GcMonitor-like (`take()`: the collector's cost since the last call) or None
         self.loop_lag = loop_lag  # agentrl.runner.LoopLag on the job's loop, or None
         self.integrity = integrity_options  # trainer.config.IntegrityOptions, or None: no alarm
+        self.trackers = trackers  # agentrl.trainer.trackers.TrackerSet (rank 0 with report_to), or None
         self.alarms: list[integrity.Alarm] = []
         self.stopped_by: integrity.Alarm | None = None  # the alarm that stopped training (action: stop)
         self._t0 = 0.0
@@ -98,18 +102,31 @@ class StepCallback(TrainerCallback):
                            sync_s=sync_s, reused=done.reused, engine_idle_s=done.engine_idle_s,
                            pipeline=done.pipeline, gc=self.gc_monitor.take() if self.gc_monitor else None,
                            lag=self.loop_lag.take() if self.loop_lag else None)
+        self.rows.append(row)
+        alarms = self._alarms(row)
         if self.writer is not None:
             self.writer.write(row)
-        self.rows.append(row)
+        if self.trackers is not None:
+            self.trackers.log_step(row, done.trajectories)
         self.echo(table_row(row))
-        self._alarm(control)
+        self._alarm(control, alarms)
 
-    def _alarm(self, control: Any) -> None:
+    def _alarms(self, row: dict[str, Any]) -> list[integrity.Alarm]:
+        """The integrity alarms of the step `row` ends; its alarm state goes into the row as
+        `integrity_<signal>_alarm` (1: that signal's alarm rang at this step)."""
+        opts = self.integrity
+        if opts is None:
+            return []
+        alarms = integrity.check_alarm(self.rows, max_frac=opts.max_frac, window=opts.window, min_frac=opts.min_frac)
+        rang = {a.signal for a in alarms}
+        row.update({f"integrity_{name}_alarm": int(name in rang) for name in (*integrity.SIGNALS, *sorted(rang))})
+        return alarms
+
+    def _alarm(self, control: Any, alarms: list[integrity.Alarm]) -> None:
         """Integrity alarm after the step's row is stored: warn, and with action `stop` end training after it."""
         opts = self.integrity
         if opts is None:
             return
-        alarms = integrity.check_alarm(self.rows, max_frac=opts.max_frac, window=opts.window, min_frac=opts.min_frac)
         for alarm in alarms:
             log.warning("%s", alarm)
             self.echo(f"WARNING: {alarm}; see the flagged trajectories with `agentrl view` / `agentrl stats`")

@@ -129,6 +129,19 @@ class SnapshotOptions(_Config):
         return self
 
 
+TrackerName = Literal["tensorboard", "wandb", "trackio", "mlflow"]
+
+
+class TrackingOptions(_Config):
+    """Experiment trackers' run identity (`report_to`; agentrl.trainer.trackers): the project (W&B project, MLflow
+    experiment, trackio project), the run's display name (None: the tracker picks one), and how many of a step's
+    trajectories go into its trajectory table (0: none)."""
+
+    project: str = "agentrl"
+    run_name: str | None = None
+    table_rows: int = Field(default=4, ge=0, le=64)
+
+
 class TrainConfig(_Config):
     # -- what is trained, on what
     model: str | None = None  # HF checkpoint dir; None: the embedded SmolLM2-135M-Instruct
@@ -178,6 +191,9 @@ class TrainConfig(_Config):
     eval: EvalOptions = Field(default_factory=EvalOptions)
     snapshot: SnapshotOptions = Field(default_factory=SnapshotOptions)
     integrity: IntegrityOptions = Field(default_factory=IntegrityOptions)
+    # experiment trackers fed every per-step metric (docs/training.md, Experiment trackers); [] / "none": none
+    report_to: list[TrackerName] = Field(default_factory=list)
+    tracking: TrackingOptions = Field(default_factory=TrackingOptions)
     reward: RewardList = Field(default_factory=default_reward)  # weighted reward sources (agentrl.reward)
     seed: int = 0
     deterministic: bool = False  # identical trajectories, metrics and checkpoints per seed (docs/determinism.md)
@@ -192,6 +208,16 @@ class TrainConfig(_Config):
         if isinstance(data, dict) and data.get("deterministic") and "pipeline" not in data:
             return {**data, "pipeline": {"max_staleness": 0}}
         return data
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _tracker_list(cls, value: Any) -> Any:
+        """`report_to: tensorboard`, `report_to: "tensorboard,wandb"` or a list; `none` means no tracker."""
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list):
+            return value
+        names = [n.strip().lower() for item in items for n in (item.split(",") if isinstance(item, str) else [item])]
+        return [n for n in dict.fromkeys(names) if n and n != "none"]
 
     @model_validator(mode="after")
     def _rules(self) -> TrainConfig:

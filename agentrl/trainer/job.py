@@ -17,6 +17,8 @@ Output dir layout:
     snapshots.jsonl              behaviour snapshots (snapshots.py), one row per step and mode; their rollouts in
                                  checkpoints/checkpoint-<N>/snapshot.jsonl (step 0: checkpoints/start/)
     weights/step-<N>/            disk weight sync only: the full weights last handed to the engine
+    trackers.json                `report_to` only: where each experiment tracker wrote, its run id, last step logged
+    tensorboard/ wandb/ trackio/ mlflow/   the trackers' local stores (agentrl/trainer/trackers/backends.py)
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from agentrl.trainer.metrics import MetricsWriter
 from agentrl.trainer.pipeline import PipelineConfig, RolloutPipeline, TaskStream, consumed_slots, sampler_order
 from agentrl.trainer.resume import ResumeState, prepare_resume
 from agentrl.trainer.rollout_func import AgentRollout, FollowerRollout, env_reward
+from agentrl.trainer.trackers import TrackerSet, check_trackers
 from agentrl.trainer.weight_sync import AdapterWeightSync, DiskWeightSync, LocalWeightSync, WeightSync
 from agentrl.types import SamplingParams
 
@@ -59,7 +62,7 @@ log = logging.getLogger("agentrl.trainer")
 # fields a resume may change: they do not change what is trained
 RESUMABLE_CHANGES = frozenset({"steps", "eval_every", "eval", "checkpoint_every", "keep_checkpoints",
                                "max_trajectories", "sandbox", "output_dir", "snapshot", "drift_check",
-                               "gc_tune"})
+                               "gc_tune", "report_to", "tracking"})
 
 
 class BuiltRun(Protocol):
@@ -171,6 +174,7 @@ class Job:
         self.sampling = parts.run.sampling
         self.trainer: Any = None
         self.rollout_fn: AgentRollout | None = None
+        self.trackers: TrackerSet | None = None  # rank 0 with `report_to` only
 
     def run(self) -> JobResult:
         """Rank 0 (the only rank of a 1-process job) prepares the output dir, rolls out and writes everything; the
@@ -197,6 +201,9 @@ class Job:
             stack.callback(lambda: loop.run(scorer.aclose()))
             store = stack.enter_context(TrajectoryStore(cfg.trajectories_path, resume=True))
             stack.callback(torch.use_deterministic_algorithms, torch.are_deterministic_algorithms_enabled())
+            self.trackers = self._trackers(state)
+            if self.trackers is not None:
+                stack.callback(self.trackers.close)
             callback = self._build(loop, store, state, lag)  # deterministic: switches torch's deterministic mode on
             assert self.rollout_fn is not None
             if self.heartbeat is not None:  # on the job's loop, which stays free while TRL trains
@@ -222,6 +229,7 @@ class Job:
     def _prepare(self, out: list[ResumeState]) -> tuple[int, Path | None, SamplingParams]:
         """Rank 0: guard the output dir, cut it back to its last checkpoint on resume, write config.json."""
         cfg = self.cfg
+        check_trackers(cfg.report_to)  # a missing tracker library fails before anything is built or written
         guard_output_dir(cfg, self.resume)
         if self.resume:
             check_resume_config(cfg)
@@ -231,6 +239,21 @@ class Job:
         (cfg.output_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
         out.append(state)
         return state.step, state.checkpoint, self.sampling
+
+    def _trackers(self, state: ResumeState) -> TrackerSet | None:
+        """Rank 0's experiment trackers; a resumed run reopens the tracker runs recorded in trackers.json."""
+        cfg = self.cfg
+        if not cfg.report_to:
+            return None
+        trackers = TrackerSet(cfg.output_dir, cfg.report_to, resume_step=state.step if self.resume else None,
+                              project=cfg.tracking.project, run_name=cfg.tracking.run_name,
+                              config=json.loads(cfg.model_dump_json()),
+                              prompts={t.id: t.prompt for t in self.run_parts.tasks},
+                              table_rows=cfg.tracking.table_rows)
+        done_eval = cfg.output_dir / "eval" / f"step-{state.step}.json"
+        if self.resume and state.step > 0 and done_eval.exists():  # a TensorBoard purge dropped it; not rerun
+            trackers.log_eval(state.step, json.loads(done_eval.read_text()))
+        return trackers
 
     def _run_follower(self, state: ResumeState) -> JobResult:
         """A rank other than 0: no pool, store or metrics; the same trainer, fed its slice by rank 0."""
@@ -298,7 +321,8 @@ class Job:
                                 run_eval=lambda step: self._evaluate(loop, rollout_fn, step),
                                 snapshot_every=cfg.snapshot.every if parts.snapshot_tasks else 0,
                                 run_snapshot=lambda step: self._snapshot(loop, rollout_fn, step),
-                                gc_monitor=parts.gc_monitor, loop_lag=lag, integrity_options=cfg.integrity)
+                                gc_monitor=parts.gc_monitor, loop_lag=lag, integrity_options=cfg.integrity,
+                                trackers=self.trackers)
         self.trainer = self._trainer(rollout_fn, [callback, RankStop(self.ranks)] if self.ranks.distributed
                                      else [callback])
         if not pipeline.config.synchronous:
@@ -321,6 +345,8 @@ class Job:
         finally:
             self.phase = None
         evaluation.write_json(out / f"step-{step}.json", result)
+        if self.trackers is not None:
+            self.trackers.log_eval(step, result)
         means = "  ".join(f"{m} {_fmt(v['mean'])}" for m, v in result["modes"].items())
         self.echo(f"eval step-{step}: {means}")
         baseline = out / "step-0.json"
