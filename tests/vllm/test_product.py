@@ -108,7 +108,7 @@ def train_config(tmp: Path, url: str, model: Path, **extra: Any) -> Path:
            "batch_size": 2, "steps": 2, "learning_rate": 1.0e-4, "loss_type": "dapo",
            "pipeline": {"max_staleness": 0}, "sampling": {"temperature": 1.0, "max_new_tokens": 32},
            "budgets": {"max_turns": 2, "max_completion_tokens": 128},
-           "engine": {"type": "vllm", "urls": [url], "model": str(model)}, "weight_sync": "disk",
+           "engine": {"type": "vllm", "urls": [url]}, "weight_sync": "disk",
            "max_trajectories": 8, "sandbox": {"warm": 4, "max_sandboxes": 8}, "output_dir": str(tmp / "run"),
            "reward": [{"calc_answer": 1.0}, {"format": 0.5}], "seed": 0, **extra}
     path = tmp / "train.yaml"
