@@ -165,6 +165,9 @@ class TrainConfig(_Config):
     weight_decay: float = Field(default=0.0, ge=0.0)
     lora: LoraOptions | None = None
     importance_sampling: ImportanceSampling = Field(default_factory=ImportanceSampling)
+    # the train-inference mismatch per step (trainer/mismatch.py); free when importance sampling runs, else one extra
+    # no-grad forward pass over the step's completions; false: that pass is skipped and the mismatch_* metrics are null
+    mismatch_metrics: bool = True
     pipeline: PipelineOptions = Field(default_factory=PipelineOptions)
     rollout: RolloutOptions = Field(default_factory=RolloutOptions)
     dynamic_sampling: DynamicSamplingOptions = Field(default_factory=DynamicSamplingOptions)

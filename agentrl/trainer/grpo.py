@@ -154,6 +154,8 @@ class AgentGRPOTrainer(GRPOTrainer):
     """GRPOTrainer with a resume-stable data order, the IS clipped fraction and the train-inference mismatch
     (mismatch.py) logged. Everything else is TRL's."""
 
+    measure_mismatch = True  # job.py sets TrainConfig.mismatch_metrics; off: no extra forward pass when IS is off
+
     def _generate_and_score_completions(self, inputs: Any) -> Any:
         out = super()._generate_and_score_completions(inputs)
         mask = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
@@ -163,7 +165,8 @@ class AgentGRPOTrainer(GRPOTrainer):
             self._metrics[mode][IS_CLIPPED_KEY].append(clipped_fraction(
                 ratio, mask, self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min,
                 self.vllm_importance_sampling_clip_max))
-        if out.get("sampling_per_token_logps") is not None:
+        if out.get("sampling_per_token_logps") is not None and (self.measure_mismatch or
+                                                                  out.get("old_per_token_logps") is not None):
             self._log_mismatch(out, mask, mode)
         return out
 

@@ -329,6 +329,24 @@ def test_mismatch_shows_corrupted_logprobs_and_tis_caps_them(taught_model: Path,
         assert with_tis == pytest.approx(2.0 * plain, rel=1e-5, abs=1e-9)
 
 
+def test_mismatch_metrics_off_skips_the_extra_forward(taught_model: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Importance sampling off: the mismatch costs one no-grad forward per step (two_steps measures it);
+    `mismatch_metrics: false` skips it and leaves the metrics null."""
+    passes: list[bool] = []  # grad enabled, per call of the trainer's logprob forward
+    orig = AgentGRPOTrainer._get_per_token_logps_and_entropies
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        passes.append(torch.is_grad_enabled())
+        return orig(self, *args, **kwargs)
+
+    monkeypatch.setattr(AgentGRPOTrainer, "_get_per_token_logps_and_entropies", counted)
+    run_train(job(taught_model, tmp_path / "run", steps=1, batch_size=1, mismatch_metrics=False))
+    row = read_metrics(tmp_path / "run" / "metrics.jsonl")[0]
+    assert all(row[k] is None for k in ("mismatch_logprob_abs_mean", "mismatch_logprob_abs_max", "mismatch_kl"))
+    assert passes and all(passes), "a no-grad forward ran although nothing needed it"
+
+
 def test_shim_refuses_when_trl_internals_change(monkeypatch: pytest.MonkeyPatch) -> None:
     grpo.check_importance_sampling_support()  # the installed TRL has what the shim needs
 
