@@ -310,7 +310,8 @@ def test_mismatch_shows_corrupted_logprobs_and_tis_caps_them(taught_model: Path,
         ratio = inputs["importance_sampling_ratio"]
         with torch.no_grad():
             plain = orig_loss(self, model, {**inputs, "importance_sampling_ratio": torch.ones_like(ratio)})
-        losses.append((float(result.detach()), float(plain), ratio[(inputs["completion_mask"] * inputs["tool_mask"]).bool()]))
+        trained = (inputs["completion_mask"] * inputs["tool_mask"]).bool()
+        losses.append((float(result.detach()), float(plain), ratio[trained]))
         return result
 
     monkeypatch.setattr(rollout_func, "to_trl_batch", corrupted)
