@@ -9,12 +9,12 @@
     agentrl engine serve --model PATH --port N [--host 127.0.0.1] [--api sglang|vllm]
                                                   (stand-in SGLang / vLLM server over the local engine)
     agentrl reward serve [--port N]               (reference reward-model service, http source)
-    agentrl diff RUN_A RUN_B                      (first divergence of two runs; exit 1 if any)
+    agentrl diff RUN_A RUN_B [--logprob-tol X]    (first divergence of two runs; exit 1 if any)
+    agentrl doctor [--config job.yaml] [--engine-url URL] [--json]   (what this machine / server offers the job)
 
 Exit codes: 0 done; 1 a check failed (envs check, diff); 2 bad input or a failed component (the message says which);
 3 the run finished but more than max_unscored_frac of it ended infra_error (nothing it reports can be trusted);
 130 interrupted.
-    agentrl doctor [--config job.yaml]            (what this machine offers the job, and the fixes)
 
 Wherever an env NAME is taken, `path/to/file.py:Class` or `package.module:Class` works too.
 """

@@ -7,6 +7,8 @@
     agentrl view FILE|RUN_DIR -o report.html [--max-chars N] [--title TEXT]
     agentrl stats FILE|RUN_DIR [--json OUT]
 
+For a training run dir, `view` and `stats` also show the train-inference mismatch per step from its metrics.jsonl.
+
 FILE is a trajectory JSONL; RUN_DIR a directory a run wrote, read through its `trajectories.jsonl`
 (`agentrl.cli.paths`).
 
@@ -103,6 +105,24 @@ def _load(given: Path) -> Any:
         print(f"warning: {len(loaded.errors)} unreadable line(s) in {path}{extra}; "
               f"read {len(loaded.trajectories)} trajectories", file=sys.stderr)
     return loaded
+
+
+def _train_metrics(given: Path) -> list[dict[str, Any]]:
+    """The rows of a training run dir's metrics.jsonl ([] for a trajectory file or a rollout dir); an unreadable line
+    is skipped with a warning naming it."""
+    from agentrl.cli.paths import metrics_file
+
+    path = metrics_file(given)
+    rows: list[dict[str, Any]] = []
+    for n, line in enumerate(path.read_text(errors="replace").splitlines() if path else [], start=1):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError as exc:
+            print(f"warning: skipped {path}:{n}: not JSON ({exc.msg})", file=sys.stderr)
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def _console() -> Any:
@@ -268,7 +288,8 @@ def _cmd_view(a: argparse.Namespace) -> int:
         for err in snaps.errors[:MAX_PRINTED_LINE_ERRORS]:
             print(f"warning: {err}", file=sys.stderr)
     info = write_report(a.out, loaded.trajectories, title=a.title or f"agentrl trajectories: {a.file.name}",
-                        errors=loaded.errors, max_chars=a.max_chars, snapshots=snaps)
+                        errors=loaded.errors, max_chars=a.max_chars, snapshots=snaps,
+                        metrics=_train_metrics(a.file))
     trimmed = f"; texts trimmed to {info.max_chars} characters to fit" if info.max_chars < a.max_chars else ""
     snap = f", {len(snaps.rows)} snapshot rows" if snaps is not None and snaps.rows else ""
     print(f"wrote {info.path} ({info.trajectories} trajectories{snap}, {info.bytes / 1e6:.1f} MB{trimmed})")
@@ -291,9 +312,11 @@ def _cmd_stats(a: argparse.Namespace) -> int:
     from agentrl.runner import integrity
     from agentrl.store import summarize
     from agentrl.view.data import NO_STEP, by_step
+    from agentrl.view.mismatch import mismatch_rows, mismatch_table
     from agentrl.view.terminal import steps_table
 
     loaded = _load(a.file)
+    metrics = _train_metrics(a.file)
     overall = summarize(loaded.trajectories)
     steps = by_step(loaded.trajectories)
     per_step = {k: summarize(v) for k, v in steps.items()} if set(steps) != {NO_STEP} else {}
@@ -301,6 +324,8 @@ def _cmd_stats(a: argparse.Namespace) -> int:
     console.print(summary_table(overall, title=f"{a.file.name}: run summary"))
     if per_step:
         console.print(steps_table(per_step))
+    if (mismatch := mismatch_table(metrics)) is not None:
+        console.print(mismatch)
     causes = error_causes(loaded.trajectories)
     for status, counts in causes.items():
         console.print(f"{status} by cause: " + ", ".join(f"{kind} {n}" for kind, n in counts.items()))
@@ -309,7 +334,8 @@ def _cmd_stats(a: argparse.Namespace) -> int:
         f"{name} in {c['trajectories']} trajectories ({c['count']}x)" for name, c in signals.items()) or "none"))
     if a.json:
         payload = {"file": str(a.file), "unreadable_lines": len(loaded.errors), "summary": overall,
-                   "steps": {str(k): v for k, v in per_step.items()}, "error_causes": causes, "integrity": signals}
+                   "steps": {str(k): v for k, v in per_step.items()}, "error_causes": causes, "integrity": signals,
+                   "mismatch": mismatch_rows(metrics)}
         a.json.write_text(json.dumps(payload, indent=2))
         console.print(f"wrote {a.json}")
     return 0

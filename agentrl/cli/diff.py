@@ -1,14 +1,17 @@
 """`agentrl diff RUN_A RUN_B`: where two runs that should agree stop agreeing.
 
-    agentrl diff A B [--max-shown N] [--no-decode] [--json OUT]
+    agentrl diff A B [--logprob-tol X] [--max-shown N] [--no-decode] [--json OUT]
 
 A and B are trajectory files (JSONL) or run dirs (`trajectories.jsonl`, and `metrics.jsonl` of a training run).
 Trajectories are paired by (step, task id, sample index, occurrence) — never by file order, which follows completion
-order — and compared on what a run produces: prompt ids, completion ids, logprobs (exactly, bit for bit), env mask,
-status, reward, tests passed, turn structure, ids. Timings, durations and `meta` are ignored. For each differing pair
-the first divergence is printed: the turn, the completion token index, both tokens (decoded with the run's tokenizer
-when `meta.model` is readable here) and both logprobs. Metrics rows are paired by step; every key except `time_*`
-must be equal. Exit code 0: identical; 1: they differ; 2: error (unreadable input).
+order — and compared on what a run produces: prompt ids, completion ids, env mask, status, reward, tests passed, turn
+structure, ids (all exactly) and logprobs (bit for bit by default; within `--logprob-tol X` nats when given: a real
+inference server's kernels may move the last digits between seeded runs). Timings, durations and `meta` are ignored.
+For each differing pair the first divergence is printed: the turn, the completion token index, both tokens (decoded
+with the run's tokenizer when `meta.model` is readable here) and both logprobs; then which fields differ, how often,
+and the largest logprob difference over the tokens both runs sampled alike. Metrics rows are paired by step; every key
+except timings must be equal (the logprob-derived ones, `LOGPROB_METRICS`, within the same tolerance). Exit code 0:
+identical (within the tolerance); 1: they differ; 2: error (unreadable input, a bad tolerance).
 
 Owns the comparison and its report; reading files is `agentrl.store`'s.
 """
@@ -34,10 +37,25 @@ def add_diff_command(sub: Any) -> None:
                                     "exit 1 if they differ")
     p.add_argument("run_a", type=Path)
     p.add_argument("run_b", type=Path)
+    p.add_argument("--logprob-tol", type=_tolerance, default=0.0, metavar="X",
+                   help="logprobs within X nats count as equal (default 0: bit for bit); e.g. 1e-4 for a real vLLM")
     p.add_argument("--max-shown", type=int, default=20, help="print at most N differing trajectories (default 20)")
     p.add_argument("--no-decode", action="store_true", help="print token ids only (no tokenizer load)")
     p.add_argument("--json", type=Path, help="also write the full report as JSON here")
     p.set_defaults(func=_cmd_diff)
+
+
+LOGPROB_METRICS = ("mismatch_", "is_ratio_", "sampling_logp_diff_")  # metrics.jsonl keys that follow the logprobs
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0.0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"--logprob-tol {text!r}: give a finite number of nats >= 0, e.g. 1e-4")
+    return value
 
 
 @dataclass
@@ -47,6 +65,26 @@ class Divergence:
     key: Key
     fields: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     token: dict[str, Any] | None = None  # the first differing prompt/completion position
+    kinds: list[str] = field(default_factory=list)  # what differs: prompt_ids, completion_ids, logprobs, fields
+
+
+@dataclass
+class LogprobGap:
+    """The largest |logprob A - logprob B| over the positions where both runs have the same prompt and tokens."""
+
+    max_diff: float = 0.0
+    tokens: int = 0
+
+    def add(self, a: Trajectory, b: Trajectory) -> None:
+        if a.prompt_ids != b.prompt_ids:
+            return
+        for x, y, lx, ly in zip(a.completion_ids, b.completion_ids, a.logprobs, b.logprobs):
+            if x != y:
+                return
+            self.tokens += 1
+            if not _same_float(lx, ly):
+                self.max_diff = max(self.max_diff, abs(lx - ly)) if not (math.isnan(lx) or math.isnan(ly)) \
+                    else math.inf
 
 
 @dataclass
@@ -58,6 +96,16 @@ class Report:
     trajectories: list[Divergence]
     metrics: list[dict[str, Any]]
     metrics_compared: int
+    logprob_tol: float = 0.0
+    logprobs: LogprobGap = field(default_factory=LogprobGap)
+
+    def kind_counts(self) -> dict[str, int]:
+        """How many differing pairs differ in each field, most common first."""
+        counts: dict[str, int] = {}
+        for d in self.trajectories:
+            for kind in d.kinds:
+                counts[kind] = counts.get(kind, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
     @property
     def identical(self) -> bool:
@@ -83,10 +131,10 @@ def keyed(trajectories: list[Trajectory]) -> dict[Key, Trajectory]:
 
 # -- comparison ----------------------------------------------------------------------------------------------------
 
-def _same_float(x: float | None, y: float | None) -> bool:
+def _same_float(x: float | None, y: float | None, tol: float = 0.0) -> bool:
     if x is None or y is None:
         return x is y
-    return x == y or (math.isnan(x) and math.isnan(y))
+    return x == y or (math.isnan(x) and math.isnan(y)) or abs(x - y) <= tol
 
 
 def _turn_of(t: Trajectory, index: int) -> tuple[int | None, str]:
@@ -99,15 +147,16 @@ def _turn_of(t: Trajectory, index: int) -> tuple[int | None, str]:
     return None, "model"
 
 
-def first_token_divergence(a: Trajectory, b: Trajectory) -> dict[str, Any] | None:
-    """The first position where the prompt, a completion id or its logprob differ; None if all agree."""
+def first_token_divergence(a: Trajectory, b: Trajectory, tol: float = 0.0) -> dict[str, Any] | None:
+    """The first position where the prompt, a completion id or its logprob (by more than `tol`) differ; None if all
+    agree."""
     if a.prompt_ids != b.prompt_ids:
         i = next((i for i, (x, y) in enumerate(zip(a.prompt_ids, b.prompt_ids)) if x != y),
                  min(len(a.prompt_ids), len(b.prompt_ids)))
         return {"where": "prompt", "index": i, "a": _at(a.prompt_ids, i), "b": _at(b.prompt_ids, i)}
     n = min(len(a.completion_ids), len(b.completion_ids))
     for i in range(n):
-        if a.completion_ids[i] != b.completion_ids[i] or not _same_float(a.logprobs[i], b.logprobs[i]):
+        if a.completion_ids[i] != b.completion_ids[i] or not _same_float(a.logprobs[i], b.logprobs[i], tol):
             return _completion_point(a, b, i)
     if len(a.completion_ids) != len(b.completion_ids):
         return _completion_point(a, b, n)
@@ -137,17 +186,39 @@ def _facts(t: Trajectory) -> dict[str, Any]:
     }
 
 
-def compare_pair(key: Key, a: Trajectory, b: Trajectory) -> Divergence | None:
+def compare_pair(key: Key, a: Trajectory, b: Trajectory, tol: float = 0.0) -> Divergence | None:
     fa, fb = _facts(a), _facts(b)
     fields = {k: (fa[k], fb[k]) for k in fa if fa[k] != fb[k] and not (k == "reward" and _same_float(fa[k], fb[k]))}
-    token = first_token_divergence(a, b)
+    token = first_token_divergence(a, b, tol)
     if not fields and token is None:
         return None
-    return Divergence(key=key, fields=fields, token=token)
+    return Divergence(key=key, fields=fields, token=token, kinds=[*_token_kinds(a, b, tol), *fields])
 
 
-def compare_metrics(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per-step differences of every metric except timings (`time_*`, `*_wait_s`, `*_idle_s`)."""
+def _token_kinds(a: Trajectory, b: Trajectory, tol: float) -> list[str]:
+    """Which of prompt_ids / completion_ids / logprobs differ (logprobs: beyond `tol`, where the tokens agree)."""
+    if a.prompt_ids != b.prompt_ids:
+        return ["prompt_ids"]
+    kinds = [] if a.completion_ids == b.completion_ids else ["completion_ids"]
+    for x, y, lx, ly in zip(a.completion_ids, b.completion_ids, a.logprobs, b.logprobs):
+        if x != y:
+            break
+        if not _same_float(lx, ly, tol):
+            return [*kinds, "logprobs"]
+    return kinds
+
+
+def _same_metric(key: str, x: Any, y: Any, tol: float) -> bool:
+    if x == y:
+        return True
+    numbers = isinstance(x, (int, float)) and isinstance(y, (int, float))
+    return tol > 0 and numbers and key.startswith(LOGPROB_METRICS) and abs(x - y) <= tol
+
+
+def compare_metrics(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]],
+                    tol: float = 0.0) -> list[dict[str, Any]]:
+    """Per-step differences of every metric except timings (`time_*`, `*_wait_s`, `*_idle_s`); the logprob-derived
+    ones (`LOGPROB_METRICS`) within `tol`."""
     by_a, by_b = {r.get("step"): r for r in rows_a}, {r.get("step"): r for r in rows_b}
     out = []
     for step in sorted(set(by_a) | set(by_b), key=lambda s: (s is None, s)):
@@ -156,22 +227,25 @@ def compare_metrics(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]]) 
             out.append({"step": step, "missing_in": "a" if ra is None else "b"})
             continue
         keys = [k for k in dict.fromkeys([*ra, *rb]) if not is_timing(k)]
-        changed = {k: (ra.get(k), rb.get(k)) for k in keys if ra.get(k) != rb.get(k)}
+        changed = {k: (ra.get(k), rb.get(k)) for k in keys if not _same_metric(k, ra.get(k), rb.get(k), tol)}
         if changed:
             out.append({"step": step, "changed": changed})
     return out
 
 
 def diff_runs(traj_a: list[Trajectory], traj_b: list[Trajectory], metrics_a: list[dict[str, Any]] | None = None,
-              metrics_b: list[dict[str, Any]] | None = None) -> Report:
+              metrics_b: list[dict[str, Any]] | None = None, *, logprob_tol: float = 0.0) -> Report:
     ka, kb = keyed(traj_a), keyed(traj_b)
-    pairs = [k for k in ka if k in kb]
-    diverged = [d for k in sorted(pairs, key=str) if (d := compare_pair(k, ka[k], kb[k])) is not None]
+    pairs = sorted((k for k in ka if k in kb), key=str)
+    diverged = [d for k in pairs if (d := compare_pair(k, ka[k], kb[k], logprob_tol)) is not None]
+    gap = LogprobGap()
+    for k in pairs:
+        gap.add(ka[k], kb[k])
     both = metrics_a is not None and metrics_b is not None
     return Report(a_count=len(ka), b_count=len(kb), only_a=sorted((k for k in ka if k not in kb), key=str),
                   only_b=sorted((k for k in kb if k not in ka), key=str), trajectories=diverged,
-                  metrics=compare_metrics(metrics_a or [], metrics_b or []) if both else [],
-                  metrics_compared=len(metrics_a or []) if both else 0)
+                  metrics=compare_metrics(metrics_a or [], metrics_b or [], logprob_tol) if both else [],
+                  metrics_compared=len(metrics_a or []) if both else 0, logprob_tol=logprob_tol, logprobs=gap)
 
 
 # -- rendering -----------------------------------------------------------------------------------------------------
@@ -212,6 +286,9 @@ def render(report: Report, *, max_shown: int, decode: Any = None) -> list[str]:
             lines.append(f"  {name}: {_short(x)} vs {_short(y)}")
     if len(report.trajectories) > max_shown:
         lines.append(f"  ... {len(report.trajectories) - max_shown} more (--max-shown, --json)")
+    if report.trajectories:
+        lines.append("fields that differ: " + ", ".join(f"{k} in {n}" for k, n in report.kind_counts().items()))
+    lines.append(_logprob_line(report))
     if report.metrics_compared:
         lines.append(f"metrics: {report.metrics_compared} steps compared (timings ignored), "
                      f"{len(report.metrics)} differ")
@@ -221,8 +298,15 @@ def render(report: Report, *, max_shown: int, decode: Any = None) -> list[str]:
             else:
                 lines.append(f"  step {m['step']}: " + "; ".join(f"{k} {x!r} vs {y!r}" for k, (x, y) in
                                                                  m["changed"].items()))
-    lines.append("identical" if report.identical else "runs differ")
+    within = f" (logprobs within {report.logprob_tol:g})" if report.logprob_tol and report.logprobs.max_diff else ""
+    lines.append(f"identical{within}" if report.identical else "runs differ")
     return lines
+
+
+def _logprob_line(report: Report) -> str:
+    gap = report.logprobs
+    tol = f"tolerance {report.logprob_tol:g}" if report.logprob_tol else "compared bit for bit (--logprob-tol)"
+    return (f"logprobs: max |A - B| {gap.max_diff:.3g} over {gap.tokens} tokens sampled alike; {tol}")
 
 
 def _decoder(trajectories: list[Trajectory]) -> Any:
@@ -245,7 +329,8 @@ def _cmd_diff(a: argparse.Namespace) -> int:
 
     (ta, ma), (tb, mb) = _paths(a.run_a), _paths(a.run_b)
     traj_a, traj_b = _load(ta).trajectories, _load(tb).trajectories
-    report = diff_runs(traj_a, traj_b, read_metrics(ma) if ma and mb else None, read_metrics(mb) if ma and mb else None)
+    report = diff_runs(traj_a, traj_b, read_metrics(ma) if ma and mb else None, read_metrics(mb) if ma and mb else None,
+                       logprob_tol=a.logprob_tol)
     decode = None if a.no_decode or report.identical else _decoder(traj_a + traj_b)
     print("\n".join(render(report, max_shown=a.max_shown, decode=decode)))
     if a.json:
@@ -256,5 +341,7 @@ def _cmd_diff(a: argparse.Namespace) -> int:
 def _as_json(report: Report) -> dict[str, Any]:
     return {"identical": report.identical, "a_count": report.a_count, "b_count": report.b_count,
             "only_a": report.only_a, "only_b": report.only_b, "metrics": report.metrics,
-            "trajectories": [{"key": d.key, "fields": d.fields, "first_divergence": d.token}
+            "logprob_tol": report.logprob_tol, "max_logprob_diff": report.logprobs.max_diff,
+            "logprob_tokens_compared": report.logprobs.tokens, "fields_differing": report.kind_counts(),
+            "trajectories": [{"key": d.key, "fields": d.fields, "first_divergence": d.token, "differs_in": d.kinds}
                              for d in report.trajectories]}

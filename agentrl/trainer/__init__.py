@@ -6,7 +6,7 @@
     metrics.py        metrics.jsonl + per-step table      resume.py         cut the output dir back to a checkpoint
     eval.py           fixed-task-set evaluation + diff    checks.py         engine-vs-trainer start-up check
     loop.py           the background asyncio loop         checkpoints.py    resolve / LoRA-merge checkpoints to load
-    dist.py           several ranks: rank 0 rolls out for all
+    dist.py           several ranks: rank 0 rolls out     mismatch.py       engine vs trainer logprobs per step
     trackers/         report_to: TensorBoard, W&B, trackio, MLflow fed every per-step metric (rank 0)
 
 Import `agentrl.trainer.config` without the [train] extra; the rest needs trl, peft and datasets.

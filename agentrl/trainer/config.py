@@ -46,7 +46,19 @@ class ImportanceSampling(_Config):
     enabled: bool | None = None  # None: on exactly when rollouts can be stale (pipeline.max_staleness > 0)
     mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "token_truncate"
     clip_min: float | None = Field(default=None, ge=0.0)
-    clip_max: float = Field(default=2.0, gt=0.0)
+    clip_max: float = Field(default=2.0, gt=0.0)  # the TIS cap
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ImportanceSampling:
+        """A ratio of 1 is a token the trainer and the engine agree on: the band must keep it."""
+        if self.clip_max < 1.0:
+            raise ValueError(f"importance_sampling.clip_max={self.clip_max} is below 1: every token the trainer and "
+                             f"the engine agree on (ratio 1) would be scaled down or masked; use a cap >= 1 "
+                             f"(e.g. 2.0)")
+        if self.clip_min is not None and self.clip_min > 1.0:
+            raise ValueError(f"importance_sampling.clip_min={self.clip_min} is above 1: every token the trainer and "
+                             f"the engine agree on (ratio 1) would be raised or masked; use a value <= 1 or null")
+        return self
 
 
 class PipelineOptions(_Config):
@@ -166,6 +178,9 @@ class TrainConfig(_Config):
     weight_decay: float = Field(default=0.0, ge=0.0)
     lora: LoraOptions | None = None
     importance_sampling: ImportanceSampling = Field(default_factory=ImportanceSampling)
+    # the train-inference mismatch per step (trainer/mismatch.py); free when importance sampling runs, else one extra
+    # no-grad forward pass over the step's completions; false: that pass is skipped and the mismatch_* metrics are null
+    mismatch_metrics: bool = True
     pipeline: PipelineOptions = Field(default_factory=PipelineOptions)
     rollout: RolloutOptions = Field(default_factory=RolloutOptions)
     dynamic_sampling: DynamicSamplingOptions = Field(default_factory=DynamicSamplingOptions)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from agentrl.errors import ConfigError
+from agentrl.trainer import mismatch
 from agentrl.trainer.config import ImportanceSampling, TrainConfig
 from agentrl.trainer.metrics import IS_CLIPPED_KEY
 from agentrl.types import SamplingParams
@@ -150,18 +151,44 @@ def clipped_fraction(ratio: Any, mask: Any, mode: str, clip_min: float | None, c
 
 
 class AgentGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer with a resume-stable data order and the IS clipped fraction logged. Everything else is TRL's."""
+    """GRPOTrainer with a resume-stable data order, the IS clipped fraction and the train-inference mismatch
+    (mismatch.py) logged. Everything else is TRL's."""
+
+    measure_mismatch = True  # job.py sets TrainConfig.mismatch_metrics; off: no extra forward pass when IS is off
 
     def _generate_and_score_completions(self, inputs: Any) -> Any:
         out = super()._generate_and_score_completions(inputs)
+        mask = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
+        mode = "train" if self.model.training else "eval"
         ratio = out.get("importance_sampling_ratio")
         if ratio is not None:
-            mask = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
-            mode = "train" if self.model.training else "eval"
             self._metrics[mode][IS_CLIPPED_KEY].append(clipped_fraction(
                 ratio, mask, self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min,
                 self.vllm_importance_sampling_clip_max))
+        if out.get("sampling_per_token_logps") is not None and (self.measure_mismatch or
+                                                                  out.get("old_per_token_logps") is not None):
+            self._log_mismatch(out, mask, mode)
         return out
+
+    def _log_mismatch(self, out: Any, mask: Any, mode: str) -> None:
+        """The engine's logprobs against the trainer's over the loss's model tokens, all ranks together. The trainer's
+        are TRL's `old_per_token_logps` when it computed them (IS on), else one no-grad forward pass."""
+        trainer_logps = out.get("old_per_token_logps")
+        if trainer_logps is None:
+            trainer_logps = self._recompute_logps(out, mode)
+        sums = mismatch.partial_sums(trainer_logps, out["sampling_per_token_logps"], mask)
+        for key, value in mismatch.reduce_sums(self.accelerator.gather(sums.unsqueeze(0))).items():
+            if value is not None:
+                self._metrics[mode][mismatch.LOG_KEYS[key]].append(value)
+
+    def _recompute_logps(self, out: Any, mode: str) -> Any:
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        attention = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        batch = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        with torch.no_grad():
+            logps, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, attention,
+                                                                  out["completion_ids"].size(1), batch_size=batch)
+        return logps
 
     def _get_train_sampler(self, dataset: Any = None) -> Any:
         return EpochRepeatSampler(

@@ -287,6 +287,7 @@ class Job:
                 train_dataset=task_dataset(run.tasks, cfg.batch_size), processing_class=run.tokenizer,
                 peft_config=peft_config(cfg), rollout_func=rollout_fn, callbacks=callbacks)
         _strip_console_callbacks(trainer)
+        trainer.measure_mismatch = cfg.mismatch_metrics
         if cfg.importance_correction:
             enable_importance_sampling(trainer, cfg.importance_sampling, rollout_fn.maybe_sync)
         return trainer

@@ -2,7 +2,8 @@
 
 Owns: assembling one HTML file with everything inline: CSS and JS (`assets.py`), the trajectory index and the
 per-trajectory details as embedded JSON, the per-step histograms and trends as inline SVG (`plots.py`), and the
-per-step comparison table, and a training run's behaviour snapshots (`snapshots.py`). No server, no network, no
+per-step comparison table, and a training run's behaviour snapshots (`snapshots.py`) and train-inference mismatch
+(`mismatch.py`, from its metrics.jsonl rows). No server, no network, no
 external assets.
 
 Size budget: every free text (model text, tool output, solution...) is trimmed to `max_chars`; when the details
@@ -23,6 +24,7 @@ from typing import Any
 from agentrl.store import LineError
 from agentrl.types import Trajectory
 from agentrl.view import data, plots
+from agentrl.view.mismatch import mismatch_html
 from agentrl.view.snapshots import RunSnapshots, snapshots_html
 from agentrl.view.assets import CSS, JS
 
@@ -164,8 +166,10 @@ def _title(title: str, sub: str) -> str:
 
 def build_report(trajs: Sequence[Trajectory], *, title: str, errors: Sequence[LineError] = (),
                  max_chars: int = DEFAULT_MAX_CHARS, max_bytes: int = DEFAULT_MAX_BYTES,
-                 snapshots: RunSnapshots | None = None) -> tuple[str, int]:
-    """The report page as one string, and the text limit used so that the page fits `max_bytes`."""
+                 snapshots: RunSnapshots | None = None,
+                 metrics: Sequence[dict[str, Any]] = ()) -> tuple[str, int]:
+    """The report page as one string, and the text limit used so that the page fits `max_bytes`. `metrics`: a
+    training run's metrics.jsonl rows (for the train-inference mismatch section)."""
     index = {"cols": list(data.INDEX_COLUMNS), "rows": [data.index_row(t) for t in trajs]}
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     sub = f"{len(trajs)} trajectories · {len(errors)} unreadable lines · generated {when}"
@@ -173,7 +177,8 @@ def build_report(trajs: Sequence[Trajectory], *, title: str, errors: Sequence[Li
             f'content="width=device-width, initial-scale=1"><title>{html.escape(title)}</title>'
             f"<style>{CSS}</style></head><body>")
     parts = [head, _title(title, sub), _errors_html(errors), _overview(trajs),
-             snapshots_html(snapshots) if snapshots is not None else "", "<h2>trajectories</h2>", FILTERS,
+             mismatch_html(metrics), snapshots_html(snapshots) if snapshots is not None else "",
+             "<h2>trajectories</h2>", FILTERS,
              f'<script type="application/json" id="index">{json_for_script(index)}</script>',
              f"<script>{JS}</script>"]
     # what the details may take: the rest of the page, the per-detail <script> wrappers and the closing tags
@@ -188,10 +193,11 @@ def build_report(trajs: Sequence[Trajectory], *, title: str, errors: Sequence[Li
 
 def write_report(path: str | Path, trajs: Sequence[Trajectory], *, title: str | None = None,
                  errors: Sequence[LineError] = (), max_chars: int = DEFAULT_MAX_CHARS,
-                 max_bytes: int = DEFAULT_MAX_BYTES, snapshots: RunSnapshots | None = None) -> ReportInfo:
+                 max_bytes: int = DEFAULT_MAX_BYTES, snapshots: RunSnapshots | None = None,
+                 metrics: Sequence[dict[str, Any]] = ()) -> ReportInfo:
     out = Path(path)
     page, limit = build_report(trajs, title=title or f"agentrl trajectories: {out.stem}", errors=errors,
-                               max_chars=max_chars, max_bytes=max_bytes, snapshots=snapshots)
+                               max_chars=max_chars, max_bytes=max_bytes, snapshots=snapshots, metrics=metrics)
     encoded = page.encode("utf-8", errors="replace")  # lone surrogates from odd tool output become '?'
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(encoded)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -152,6 +153,9 @@ def test_outputs_metrics_and_checkpoints(two_steps: tuple[Path, Recorder]) -> No
         assert row["kl"] is None  # beta = 0: no reference model, no KL
         assert row["time_gc_s"] >= row["time_gc_max_pause_s"] >= 0  # the CLI root wired the collector monitor
         assert row["time_loop_lag_max_s"] >= row["time_loop_lag_p99_s"] >= 0  # the job probes its runner's loop
+        # the local engine is the trainer's model in fp32: the train-inference mismatch is float noise
+        assert 0 <= row["mismatch_logprob_abs_mean"] < 1e-4 and row["mismatch_logprob_abs_max"] < 1e-3, row
+        assert 0 <= row["mismatch_kl"] < 1e-6, row
     assert sorted(p.name for p in (out / "checkpoints").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     assert json.loads((out / "checkpoints" / "checkpoint-2" / "trainer_state.json").read_text())["global_step"] == 2
 
@@ -278,7 +282,70 @@ def test_importance_sampling_shim_on_installed_trl(taught_model: Path, tmp_path:
     row = read_metrics(tmp_path / "run" / "metrics.jsonl")[0]
     assert row["sampling_logp_diff_mean"] is not None and row["sampling_logp_diff_mean"] < 1e-4
     assert row["is_ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+    # the mismatch reuses TRL's recomputation here: same tokens, same numbers as TRL's own float32 difference
+    assert row["mismatch_logprob_abs_mean"] == pytest.approx(row["sampling_logp_diff_mean"], rel=1e-3, abs=1e-9)
     assert rec.synced == [(0, True)]  # TRL called our sync hook (and only once)
+
+
+def test_mismatch_shows_corrupted_logprobs_and_tis_caps_them(taught_model: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's logprobs as TRL gets them are 1 nat too low at every model token (a far-off engine): the
+    mismatch metrics say so (|r| = 1, k3 = e - 2), and truncated IS with cap 2 multiplies every trained token's loss
+    by exactly 2 (e^1 clamped to 2), so the loss is twice the uncorrected one."""
+    from agentrl.trainer import rollout_func
+
+    to_trl = rollout_func.to_trl_batch
+
+    def corrupted(trajectories: Any, end_id: int) -> dict[str, Any]:
+        batch = to_trl(trajectories, end_id)
+        batch["logprobs"] = [[lp - 1.0 if m else lp for lp, m in zip(lps, mask, strict=True)]
+                             for lps, mask in zip(batch["logprobs"], batch["env_mask"], strict=True)]
+        return batch
+
+    losses: list[tuple[float, float, torch.Tensor]] = []  # (loss, loss without the IS ratio, ratio at trained tokens)
+    orig_loss = AgentGRPOTrainer._compute_loss
+
+    def loss(self: Any, model: Any, inputs: Any) -> Any:
+        result = orig_loss(self, model, inputs)
+        ratio = inputs["importance_sampling_ratio"]
+        with torch.no_grad():
+            plain = orig_loss(self, model, {**inputs, "importance_sampling_ratio": torch.ones_like(ratio)})
+        trained = (inputs["completion_mask"] * inputs["tool_mask"]).bool()
+        losses.append((float(result.detach()), float(plain), ratio[trained]))
+        return result
+
+    monkeypatch.setattr(rollout_func, "to_trl_batch", corrupted)
+    monkeypatch.setattr(AgentGRPOTrainer, "_compute_loss", loss)
+    cfg = job(taught_model, tmp_path / "run", steps=1, batch_size=1,
+              importance_sampling={"enabled": True, "mode": "token_truncate", "clip_max": 2.0})
+    run_train(cfg)
+    row = read_metrics(tmp_path / "run" / "metrics.jsonl")[0]
+    assert row["mismatch_logprob_abs_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert row["mismatch_logprob_abs_max"] == pytest.approx(1.0, abs=1e-2)
+    assert row["mismatch_kl"] == pytest.approx(math.e - 2.0, abs=1e-2)
+    assert row["is_ratio_clipped_frac"] == 1.0
+    assert losses and all(torch.all(ratio == 2.0) for _, _, ratio in losses)
+    assert any(plain != 0.0 for _, plain, _ in losses), "every advantage was 0: the loss comparison proves nothing"
+    for with_tis, plain, _ in losses:
+        assert with_tis == pytest.approx(2.0 * plain, rel=1e-5, abs=1e-9)
+
+
+def test_mismatch_metrics_off_skips_the_extra_forward(taught_model: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Importance sampling off: the mismatch costs one no-grad forward per step (two_steps measures it);
+    `mismatch_metrics: false` skips it and leaves the metrics null."""
+    passes: list[bool] = []  # grad enabled, per call of the trainer's logprob forward
+    orig = AgentGRPOTrainer._get_per_token_logps_and_entropies
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        passes.append(torch.is_grad_enabled())
+        return orig(self, *args, **kwargs)
+
+    monkeypatch.setattr(AgentGRPOTrainer, "_get_per_token_logps_and_entropies", counted)
+    run_train(job(taught_model, tmp_path / "run", steps=1, batch_size=1, mismatch_metrics=False))
+    row = read_metrics(tmp_path / "run" / "metrics.jsonl")[0]
+    assert all(row[k] is None for k in ("mismatch_logprob_abs_mean", "mismatch_logprob_abs_max", "mismatch_kl"))
+    assert passes and all(passes), "a no-grad forward ran although nothing needed it"
 
 
 def test_shim_refuses_when_trl_internals_change(monkeypatch: pytest.MonkeyPatch) -> None:
