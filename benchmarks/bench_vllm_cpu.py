@@ -9,7 +9,10 @@ single request):
 - tokens/s at 1, 8 and 32 requests in flight: every request a different prompt (a short chat), temperature 1.0,
   up to `--new-tokens` each; tokens/s = generated tokens / wall time of the whole batch; median of `--repeats`;
 - a rollout's wall time: `agentrl rollout --env tool_calc --tasks 8 --group-size 4` (multi-turn, local sandboxes)
-  with `--engine local` and with `--engine vllm`, the same seed.
+  with `--engine local` and with `--engine vllm`, the same seed;
+- the train-inference mismatch of the server: 32 sampled completions (temperature 1, 64 tokens) from vLLM, their
+  logprobs recomputed by transformers in float32 (what the trainer does), over the sampled tokens: mean and max
+  |difference| and the k3 KL estimate (the same figures as `mismatch_*` in metrics.jsonl).
 
 The two engines alternate within each measurement. vLLM runs with the flags of agentrl.testing.vllm_server
 (`--enforce-eager`, bf16 unless `--vllm-dtype`), the local engine with its defaults (float32 unless
@@ -85,6 +88,34 @@ async def measure(engines: dict[str, Any], tokenizer: Any, a: argparse.Namespace
     return res
 
 
+async def mismatch(url: str, model: Path, tokenizer: Any, eos: list[int]) -> dict[str, float]:
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.engine.vllm import VLLMEngine
+    from agentrl.types import SamplingParams
+
+    eng = VLLMEngine(urls=[url], eos_token_ids=eos, model_path=str(model), context_window=4096)
+    ps = prompts(tokenizer, 32)
+    try:
+        gens = await asyncio.gather(*(eng.generate(p, SamplingParams(temperature=1.0, max_new_tokens=64, seed=1),
+                                                   session_id=f"mm-{i}") for i, p in enumerate(ps)))
+    finally:
+        await eng.close()
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    diffs: list[float] = []
+    with torch.no_grad():
+        for p, g in zip(ps, gens):
+            ids = torch.tensor([p + g.output_ids])
+            logp = torch.log_softmax(hf(ids).logits[0, len(p) - 1:-1].double(), -1)
+            mine = logp.gather(-1, torch.tensor(g.output_ids).unsqueeze(-1)).squeeze(-1).tolist()
+            diffs += [m - e for m, e in zip(mine, g.logprobs)]
+    return {"tokens": len(diffs), "abs_mean": sum(map(abs, diffs)) / len(diffs), "abs_max": max(map(abs, diffs)),
+            "kl": sum(math.exp(r) - 1 - r for r in diffs) / len(diffs)}
+
+
 def rollout_wall(engine_args: list[str], out: Path) -> float:
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "agentrl.cli", "rollout", "--env", "tool_calc", "--tasks", "8",
@@ -136,6 +167,9 @@ def main() -> None:
                 await vllm.close()
 
         res = asyncio.run(run())
+        mm = asyncio.run(mismatch(url, model, tokenizer, eos))
+        print(f"mismatch vLLM {a.vllm_dtype} vs transformers float32 over {mm['tokens']} sampled tokens: mean "
+              f"{mm['abs_mean']:.2e}, max {mm['abs_max']:.2e}, k3 KL {mm['kl']:.2e}")
         walls: dict[str, float] = {}
         if not a.no_rollout:
             for name, args in ((list(engines)[0], ["--engine", "local"]),
