@@ -134,6 +134,7 @@ def main() -> None:
     ap.add_argument("--local-dtype", default="float32", choices=["bfloat16", "float32"])
     ap.add_argument("--no-rollout", action="store_true")
     a = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # results survive an abrupt exit
 
     import torch
     from transformers import AutoTokenizer
