@@ -28,13 +28,19 @@ def call(name, *args):
     r = libc.syscall(NR[name], *args)
     return r, (ctypes.get_errno() if r < 0 else 0)
 """
+# the data rides in the key's description: any key in the uid's user keyring is listed and described to that uid
+# in a later sandbox (VIEW permission), whatever session keyring bubblewrap gave each
 STORE = CALL + """
-print(call("add_key", b"user", b"agentrl-episode-note", b"answer-is-42", 12, -4))  # KEY_SPEC_USER_KEYRING
+print(call("add_key", b"user", b"agentrl-note:answer-is-42", b"x", 1, -4))  # KEY_SPEC_USER_KEYRING
 """
 LOAD = CALL + """
-key, err = call("keyctl", 10, -4, b"user", b"agentrl-episode-note", 0)  # KEYCTL_SEARCH
-buf = ctypes.create_string_buffer(64)
-print("read:", buf.raw[:call("keyctl", 11, key, buf, 64)[0]] if key > 0 else b"", err)  # KEYCTL_READ
+ids = (ctypes.c_int32 * 64)()
+n, err = call("keyctl", 11, -4, ids, ctypes.sizeof(ids))  # KEYCTL_READ of the user keyring: its key ids
+for key in ids[:max(n, 0) // 4]:
+    text = ctypes.create_string_buffer(256)
+    if call("keyctl", 6, key, text, 256)[0] > 0:  # KEYCTL_DESCRIBE
+        print("described:", text.value)
+print("listed", n, err)
 """
 
 
