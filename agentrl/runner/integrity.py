@@ -46,9 +46,12 @@ FLAGGED_KEY = "integrity_flagged_frac"  # any signal: shown, not alarmed on (eac
 KILLED_EXIT_CODES = (137, -9)  # SIGKILL as a shell reports it / as Popen reports it
 
 
-def observe(traj: Trajectory) -> Trajectory:
-    """`traj` with its `integrity` signals (merged by name: counts added, the earliest turn kept)."""
-    found = [*_reported(traj), *_resource(traj), *_unsupported(traj)]
+def observe(traj: Trajectory, late: Sequence[IntegritySignal] = ()) -> Trajectory:
+    """`traj` with its `integrity` signals (merged by name: counts added, the earliest turn kept). `late`: what the
+    sandbox counted after the last turn (from_sandbox at the kill_all before grading), recorded at grading (turn
+    None)."""
+    found = [*_reported(traj), *_resource(traj), *_unsupported(traj),
+             *(s.model_copy(update={"turn": None}) for s in late)]
     return traj.model_copy(update={"integrity": merge(found)}) if found else traj
 
 

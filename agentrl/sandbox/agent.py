@@ -31,6 +31,10 @@ the agent (a socketpair; the command's pipes travel with SCM_RIGHTS), reports ea
 code, and is restarted for the next exec when /kill_all or the policy killed it. Where it cannot start, commands
 start through setpriv as before.
 
+The syscall policy (SECCOMP_SOURCE): the spawner installs one allow-list seccomp filter on itself before it serves,
+so every command on every backend runs under it; its refusals go to the agent (seccomp user notification, the
+listener passed with the spawner's ready answer), which answers them and counts them (`SeccompWatch`).
+
 Resource separation (`--cgroups v1:D1:D2...` or `--cgroups v2:D`, each D a sandbox cgroup directory with `agent` and
 `commands` children, the agent in `agent`): every command starts in `commands`, which carries the sandbox's memory,
 pids and CPU limits, so a command filling them cannot take the agent's (`resources_separated` in /health). The
@@ -60,15 +64,18 @@ authorized connection gets a worker thread (at most MAX_WORKERS), so a connectio
 costs no thread:
 
     GET  /health   -> {ok, pid, version, workspace, writable, uid_separated, command_uid, resources_separated,
-                       commands_apart, judge_python}   commands_apart: --relay, commands run in another container;
+                       commands_apart, judge_python, seccomp}   seccomp: the syscall policy's mode (notify, errno,
+                       "none: why"; see SECCOMP_SOURCE); commands_apart: --relay, commands run in another container;
                        judge_python: the path of `judge-python` next to this file when the backend
                        put an execute-only interpreter copy there (root's, no read bit: a process the command user
                        starts from it is non-dumpable from its execve on, the kernel's rule for unreadable
                        binaries), else null
     POST /exec     {cmd: str|list, timeout, cwd, env, stdin, output_limit, kill_leftovers}
-                   -> {exit_code, stdout, stderr, timed_out, truncated, duration_s}
+                   -> {exit_code, stdout, stderr, timed_out, truncated, duration_s, probes, resources}
                    kill_leftovers: after the command, kill every process of the command user (as /kill_all)
-    POST /kill_all {} -> {killed: n}   every process in `commands` (resource-separated), else every process of the
+                   probes: the syscall policy's refusals since the last report, by name (SeccompWatch);
+                   resources: the commands' counters that moved during the command (ResourceCounters)
+    POST /kill_all {} -> {killed: n, probes}   every process in `commands` (resource-separated), else every process of the
                    command user (uid-separated) or every descendant of the agent (single uid), until none is left;
                    also those of concurrent execs; then the SysV IPC objects of the command user; 409 (kind
                    "survivors", "policy processes survived kill") when some survive SIGKILL for 5 s
@@ -323,17 +330,36 @@ class ResourceCounters:
     def __init__(self, cgroup: CommandCgroup, roots: tuple[str, ...]) -> None:
         self.dirs = [f"{d}/commands" for d in cgroup.dirs]
         self.roots = roots
+        self._files: dict[str, int] = {}  # relayed: the commands' container's counter files, opened by its spawner
+        self._lock = threading.Lock()
+
+    def use_files(self, files: dict[str, int]) -> None:
+        """Read these descriptors (name -> fd, from a spawner in the commands' container) from now on."""
+        with self._lock:
+            old, self._files = self._files, dict(files)
+        _close(tuple(old.values()))
 
     def read(self) -> dict[str, int]:
         out: dict[str, int] = {}
+        texts = []
         for d in self.dirs:
-            for name, key, ours in self.COUNTERS:
+            for name in {c[0] for c in self.COUNTERS}:
                 try:
                     with open(f"{d}/{name}") as f:
-                        values = dict(line.split(None, 1) for line in f if " " in line)
-                    out[ours] = out.get(ours, 0) + int(values[key])
-                except (OSError, KeyError, ValueError):
+                        texts.append((name, f.read()))
+                except OSError:
                     continue
+        with self._lock:
+            for name, fd in self._files.items():
+                try:
+                    texts.append((name, os.pread(fd, 1 << 16, 0).decode()))
+                except OSError:
+                    continue
+        for name, text in texts:
+            values = dict(line.split(None, 1) for line in text.splitlines() if " " in line)
+            for file, key, ours in self.COUNTERS:
+                if file == name and key in values:
+                    out[ours] = out.get(ours, 0) + int(values[key])
         return out
 
     def delta(self, before: dict[str, int]) -> dict[str, int]:
@@ -936,6 +962,7 @@ PR_GET_DUMPABLE, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_GET_NO_NEW_PRIVS = 3, 
 libc = ctypes.CDLL(None, use_errno=True)
 fd, uid, gid = (int(a) for a in sys.argv[1:4])
 policy = sys.argv[4] if len(sys.argv) > 4 else "notify"
+counters = sys.argv[5:6] == ["counters"]  # relayed: open this container's cgroup counters for the agent
 sock = _socket.socket(fileno=fd)
 
 
@@ -1072,12 +1099,42 @@ def serve():
                 serve_one()
 
 
+def cgroup_files():
+    """This process's cgroup counter files (memory.events or v1 memory.oom_control, pids.events, cpu.stat), opened
+    read-only for the agent, which cannot see the cgroups of this container: [(name, fd)], at most one per name.
+    Each is looked for in the cgroup's own directory, then at the mount's root (where a container on cgroup v1, or
+    in a cgroup namespace, sees its own cgroup)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            paths = {c: path.rstrip("/") for _, ctrls, path in (line.rstrip("\n").split(":", 2) for line in f)
+                     for c in (ctrls.split(",") if ctrls else [""])}
+    except (OSError, ValueError):
+        return []
+    out = {}
+    for ctrl, mount, name in (("", "", "memory.events"), ("", "", "pids.events"), ("", "", "cpu.stat"),
+                              ("memory", "/memory", "memory.oom_control"), ("pids", "/pids", "pids.events"),
+                              ("cpu", "/cpu,cpuacct", "cpu.stat"), ("cpu", "/cpu", "cpu.stat")):
+        mount = "/sys/fs/cgroup" + mount
+        if ctrl not in paths or name in out:
+            continue
+        for path in (f"{mount}{paths[ctrl]}/{name}", f"{mount}/{name}"):
+            try:
+                out[name] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                break
+            except OSError:
+                continue
+    return sorted(out.items())
+
+
 setup()
+files = cgroup_files() if counters else []
 listener, mode = install(libc, policy == "notify") if policy != "off" else (-1, "none: off")
-sock.sendmsg([b"R" + mode.encode()], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, listener.to_bytes(4, sys.byteorder))]
-             if listener >= 0 else [])
-if listener >= 0:
-    os.close(listener)
+fds = ([listener] if listener >= 0 else []) + [f for _, f in files]
+head = b"R" + mode.encode() + b"\0" + str(int(listener >= 0)).encode() + b"\0" + ",".join(n for n, _ in files).encode()
+sock.sendmsg([head], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, b"".join(f.to_bytes(4, sys.byteorder) for f in fds))]
+             if fds else [])
+for f in fds:
+    os.close(f)
 serve()
 '''
 SPAWNER_PROGRAM = SECCOMP_SOURCE + SPAWNER_SOURCE
@@ -1427,6 +1484,7 @@ class Spawner:
         self.unusable = False  # its setup failed here: commands start through setpriv
         self._watch = watch  # gets the syscall policy's listener of every spawner started
         self.seccomp = "none: no spawner started yet"  # the last spawner's policy mode (SECCOMP_SOURCE's install)
+        self.on_counter_files: "Callable[[dict[str, int]], None] | None" = None  # relayed: gets the commands' cgroup
 
     @property
     def pid(self) -> int | None:
@@ -1453,10 +1511,8 @@ class Spawner:
                 ready, anc = b"", []
             listeners = [fd for level, kind, raw in anc if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
                          for fd in array.array("i", raw[:len(raw) - len(raw) % 4])]
-            if ready.startswith(b"R") and self._watch is not None:
-                self.seccomp = ready[1:].decode(errors="replace")
-                for fd in listeners:
-                    self._watch.add(fd)
+            if ready.startswith(b"R"):
+                self._ready(ready, listeners)
             else:
                 _close(tuple(listeners))
             if not ready.startswith(b"R"):
@@ -1471,6 +1527,25 @@ class Spawner:
                 link.discard()
                 raise OSError(errno.EAGAIN, "cannot start a thread (the pod's pids are full)") from None
             self._link = link
+
+    def _ready(self, ready: bytes, fds: list[int]) -> None:
+        """The spawner's ready answer: b"R" MODE NUL LISTENER(0|1) NUL NAME,NAME... with the policy's listener (when
+        1) and the named cgroup counter files (relayed) attached, in that order."""
+        mode, _, rest = ready[1:].decode(errors="replace").partition("\0")
+        has_listener, _, names = rest.partition("\0")
+        self.seccomp = mode
+        if has_listener == "1" and fds:
+            listener, fds = fds[0], fds[1:]
+            if self._watch is not None:
+                self._watch.add(listener)
+            else:
+                os.close(listener)
+        files = dict(zip(names.split(","), fds)) if names else {}
+        _close(tuple(fds[len(files):]))
+        if self.on_counter_files is not None and files:
+            self.on_counter_files(files)
+        else:
+            _close(tuple(files.values()))
 
     def _start_child(self) -> "tuple[socket.socket, subprocess.Popen]":
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -1492,7 +1567,7 @@ class Spawner:
         container's cgroup, under the sandbox's limits, as its child. The relay must be of our uid (SO_PEERCRED): a
         command that bound the name after the relay died is not. Raises OSError (EAGAIN: the commands' pids are
         full) or SpawnerLost (the relay is gone: the sandbox container died, e.g. by the commands' memory limit)."""
-        argv = ["python3", "-I", "-S", "-c", SPAWNER_PROGRAM, "3", *map(str, self._ids), SECCOMP_POLICY]
+        argv = ["python3", "-I", "-S", "-c", SPAWNER_PROGRAM, "3", *map(str, self._ids), SECCOMP_POLICY, "counters"]
         data = b"\0".join(os.fsencode(x) for x in argv)
         fds: list[int] = []
         try:
@@ -1825,6 +1900,8 @@ class Agent:
         separated = self.identity.separated or self.cgroup.enabled or relay
         self._watch = SeccompWatch() if separated and SECCOMP_POLICY == "notify" else None
         self._spawner = Spawner(self.identity, self.cgroup, self._reaper, relay, self._watch) if separated else None
+        if self._spawner is not None and relay:
+            self._spawner.on_counter_files = self.counters.use_files
 
     def dispatch(self, method: str, path: str, body: bytes) -> dict:
         routes = {("GET", "/health"): self.health, ("POST", "/exec"): self.exec, ("POST", "/write"): self.write,
