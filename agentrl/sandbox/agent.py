@@ -1505,7 +1505,7 @@ class Spawner:
             try:
                 a.settimeout(max(min(deadline, time.monotonic() + SPAWNER_START_TIMEOUT_S) - time.monotonic(),
                                  0.001))
-                ready, anc, _, _ = a.recvmsg(4096, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC)
+                ready, anc, _, _ = a.recvmsg(4096, socket.CMSG_SPACE(4 * 8), socket.MSG_CMSG_CLOEXEC)
                 a.settimeout(None)
             except OSError:
                 ready, anc = b"", []

@@ -12,6 +12,7 @@ import asyncio
 from typing import Any
 
 from agentrl.sandbox.client import Sandbox, SandboxPathError
+from agentrl.testing.policy_attacks import attack_hide_an_oom_kill, attack_probe_the_kernel, still_serves
 
 # prints the pid of the agent (found through /proc/*/cmdline, which every process may read) and its --unix socket
 FIND_AGENT = r"""
@@ -93,12 +94,6 @@ async def spawner_of(sb: Sandbox) -> int:
     pids = r.stdout.split()
     assert r.exit_code == 0 and len(pids) == 1, f"not exactly one command spawner of the command user: {r}"
     return int(pids[0])
-
-
-async def still_serves(sb: Sandbox) -> None:
-    assert await sb.health(), "the agent died"
-    r = await sb.exec("echo alive")
-    assert r.exit_code == 0 and r.stdout == "alive\n", r
 
 
 async def attack_kill_everything(sb: Sandbox) -> None:
@@ -343,39 +338,6 @@ async def attack_open_a_grader_at_its_start(sb: Sandbox) -> None:
     await still_serves(sb)
 
 
-# the kernel interfaces a task never needs, each called once (numbers per architecture, resolved inside the sandbox:
-# a Kubernetes node may not be the test runner's architecture); prints NAME RC ERRNO per call
-PROBE_THE_KERNEL = r"""
-import ctypes, os
-libc = ctypes.CDLL(None, use_errno=True)
-NR = {"x86_64": {"add_key": 248, "keyctl": 250, "ptrace": 101, "unshare": 272, "io_uring_setup": 425, "bpf": 321,
-                 "perf_event_open": 298, "mount": 165, "process_vm_readv": 310},
-      "aarch64": {"add_key": 217, "keyctl": 219, "ptrace": 117, "unshare": 97, "io_uring_setup": 425, "bpf": 280,
-                  "perf_event_open": 241, "mount": 40, "process_vm_readv": 270}}[os.uname().machine]
-ARGS = {"add_key": (b"user", b"agentrl-probe", b"x", 1, -4), "keyctl": (0, -4, 0), "ptrace": (16, 1, 0, 0),
-        "unshare": (0x10000000,), "io_uring_setup": (1, 0), "bpf": (0, 0, 0), "perf_event_open": (0, 0, -1, -1, 0),
-        "mount": (b"none", b"/tmp", b"tmpfs", 0, 0), "process_vm_readv": (1, 0, 0, 0, 0, 0)}
-for name, nr in NR.items():
-    rc = libc.syscall(nr, *ARGS[name])
-    print(name, rc, ctypes.get_errno() if rc < 0 else 0)
-print("keyctl", 1, 0)  # a forged line: counts come from the kernel's notifications, not from output
-"""
-
-
-async def attack_probe_the_kernel(sb: Sandbox) -> None:
-    """Keyrings (a channel between episodes where uids are shared), ptrace, namespaces, io_uring, bpf, perf and
-    mounts: refused with EPERM by the one syscall policy every backend installs, and each call counted by the agent
-    (`probes`), whatever the command prints."""
-    r = await sb.exec(["python3", "-c", PROBE_THE_KERNEL])
-    assert r.exit_code == 0, r
-    calls = [line.split() for line in r.stdout.splitlines()[:-1]]
-    assert calls and all(rc == "-1" and err == "1" for _, rc, err in calls), r.stdout
-    assert r.probes == {name: 1 for name, _, _ in calls}, r
-    await sb.health()
-    assert sb.agent_info.get("seccomp") == "notify", sb.agent_info
-    await still_serves(sb)
-
-
 ALL = (attack_kill_everything, attack_signal_the_agent, attack_read_the_agent, attack_ptrace_the_agent,
        attack_socket_dir, attack_daemon_outlives_the_call, attack_daemon_with_kill_leftovers,
        attack_unresolvable_paths, attack_trace_the_spawner, attack_kill_the_spawner, attack_stop_the_spawner,
@@ -501,23 +463,6 @@ async def attack_busy_loops_in_the_cpu_quota(sb: Sandbox, *, loops: int = 6, lim
     assert data == payload
     assert took < limit_s, f"the agent was throttled with the commands: a read took {took:.1f}s"
     assert await sb.kill_all() >= loops
-    await still_serves(sb)
-
-
-OOM_UNDER_EXIT_0 = r"""
-import subprocess, sys
-r = subprocess.run([sys.executable, "-c", "b = []\nwhile True: b.append(bytearray(16 << 20))"])
-print("child", r.returncode)
-"""
-
-
-async def attack_hide_an_oom_kill(sb: Sandbox) -> None:
-    """A child killed by the commands' OOM killer under a main process that exits 0: the exit code says nothing,
-    the agent's counters of the commands' cgroup (`resources`, read through the spawner's descriptors where the
-    commands run in another container) say oom_kills."""
-    r = await sb.exec(["python3", "-c", OOM_UNDER_EXIT_0], timeout=60)
-    assert r.exit_code == 0 and r.stdout == "child -9\n", r
-    assert r.resources.get("oom_kills", 0) >= 1, r
     await still_serves(sb)
 
 
