@@ -328,8 +328,14 @@ class ResourceCounters:
                 ("cpu.stat", "throttled_usec", "cpu_throttled_us"), ("cpu.stat", "throttled_time", "cpu_throttled_ns"))
 
     def __init__(self, cgroup: CommandCgroup, roots: tuple[str, ...]) -> None:
-        self.dirs = [f"{d}/commands" for d in cgroup.dirs]
         self.roots = roots
+        self._own: list[tuple[str, int]] = []  # `commands`' counter files, opened once (pread per read)
+        for d in cgroup.dirs:
+            for name in dict.fromkeys(c[0] for c in self.COUNTERS):
+                try:
+                    self._own.append((name, os.open(f"{d}/commands/{name}", os.O_RDONLY)))
+                except OSError:
+                    continue
         self._files: dict[str, int] = {}  # relayed: the commands' container's counter files, opened by its spawner
         self._lock = threading.Lock()
 
@@ -342,15 +348,8 @@ class ResourceCounters:
     def read(self) -> dict[str, int]:
         out: dict[str, int] = {}
         texts = []
-        for d in self.dirs:
-            for name in {c[0] for c in self.COUNTERS}:
-                try:
-                    with open(f"{d}/{name}") as f:
-                        texts.append((name, f.read()))
-                except OSError:
-                    continue
         with self._lock:
-            for name, fd in self._files.items():
+            for name, fd in [*self._own, *self._files.items()]:
                 try:
                     texts.append((name, os.pread(fd, 1 << 16, 0).decode()))
                 except OSError:
