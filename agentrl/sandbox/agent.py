@@ -75,8 +75,9 @@ costs no thread:
                    kill_leftovers: after the command, kill every process of the command user (as /kill_all)
                    probes: the syscall policy's refusals since the last report, by name (SeccompWatch);
                    resources: the commands' counters that moved during the command (ResourceCounters)
-    POST /kill_all {} -> {killed: n, probes}   every process in `commands` (resource-separated), else every process of the
-                   command user (uid-separated) or every descendant of the agent (single uid), until none is left;
+    POST /kill_all {} -> {killed: n, probes}   every process in `commands` (resource-separated), else every
+                   process of the command user (uid-separated) or every descendant of the agent (single uid), until
+                   none is left;
                    also those of concurrent execs; then the SysV IPC objects of the command user; 409 (kind
                    "survivors", "policy processes survived kill") when some survive SIGKILL for 5 s
     POST /write    {path, content_b64, mode} -> {ok, bytes}
@@ -762,7 +763,8 @@ def _killpg(pgid: int) -> None:
 # starts inherits it; no per-command cost). Part of the spawner's program (SPAWNER_PROGRAM) and exec'd by the agent
 # for the names of the calls it observes (`SeccompWatch`). Stdlib only (ctypes). An allow-list per architecture
 # (x86_64, aarch64; any other architecture, and x32 numbers, are refused): ALLOWED's families are what a task's
-# programs need; `clone` only without namespace flags; `clone3` (whose flags the filter cannot read) answers ENOSYS
+# programs need; `clone` only without namespace flags, `socket` not for AF_VSOCK; `clone3` (whose flags the filter
+# cannot read) answers ENOSYS
 # so libc falls back to clone. Everything else is refused: the PROBES (a task never needs them: kernel keyrings,
 # ptrace and reading other processes, mounts and namespaces, bpf, perf, userfaultfd, kexec and modules, io_uring)
 # with EPERM, the rest (calls newer or rarer than this list) with ENOSYS, so programs that probe for them fall back.
@@ -845,6 +847,7 @@ X32_BIT = 0x40000000
 CLONE3 = {"x86_64": 435, "aarch64": 435}
 SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
 CLONE_NAMESPACES = 0x7E020000  # NEWNS NEWCGROUP NEWUTS NEWIPC NEWUSER NEWPID NEWNET
+AF_VSOCK = 40  # not in any network namespace: it would reach the host's (or the VM host's) vsock services
 RET_ALLOW, RET_NOTIFY, RET_ERRNO = 0x7FFF0000, 0x7FC00000, 0x00050000
 EPERM, ENOSYS = 1, 38
 
@@ -872,7 +875,8 @@ def _section(arch, probe, other):
     clone3 and the probes, then against the allow-list (sorted ranges, two jumps each); the rest is refused."""
     allowed, probes = numbers(arch)
     clone = table(ALLOWED["processes"], ARCHES[arch][1])["clone"]
-    allowed.discard(clone)
+    sock = table(ALLOWED["network"], ARCHES[arch][1])["socket"]
+    allowed -= {clone, sock}
     ranges, ins = [], [(0x20, None, None, 0)]  # ld nr
     for nr in sorted(allowed):
         if ranges and ranges[-1][1] == nr - 1:
@@ -881,14 +885,16 @@ def _section(arch, probe, other):
             ranges.append([nr, nr])
     if arch == "x86_64":
         ins.append((0x35, "probe", None, X32_BIT))  # jge: an x32 call
-    ins += [(0x15, "clone", None, clone), (0x15, "enosys", None, CLONE3[arch])]
+    ins += [(0x15, "clone", None, clone), (0x15, "socket", None, sock), (0x15, "enosys", None, CLONE3[arch])]
     ins += [(0x15, "probe", None, nr) for nr in sorted(probes)]
     for lo, hi in ranges:
         ins += [(0x35, None, "other", lo), (0x25, None, "allow", hi)]  # jge lo / jgt hi
     ins += [("other",), (0x06, None, None, other), ("allow",), (0x06, None, None, RET_ALLOW), ("probe",),
             (0x06, None, None, probe), ("enosys",), (0x06, None, None, RET_ERRNO | ENOSYS), ("clone",),
             (0x20, None, None, 16), (0x45, None, "clone_ok", CLONE_NAMESPACES),  # ld args[0] (low word); jset
-            (0x06, None, None, probe), ("clone_ok",), (0x06, None, None, RET_ALLOW)]
+            (0x06, None, None, probe), ("clone_ok",), (0x06, None, None, RET_ALLOW), ("socket",),
+            (0x20, None, None, 16), (0x15, None, "socket_ok", AF_VSOCK),  # ld args[0]; jeq
+            (0x06, None, None, probe), ("socket_ok",), (0x06, None, None, RET_ALLOW)]
     return _resolve(ins)
 
 
@@ -1160,18 +1166,19 @@ class SeccompWatch:
     """The supervisor of the syscall policy's refusals (notify mode): one thread polls the listener of every
     spawner started (a spawner's commands keep its filter, and so its listener, after it died), answers each refused
     call with the errno the policy gives it (EPERM for the PROBES, a foreign architecture, x32 and clone with
-    namespace flags; ENOSYS for the rest) and counts it by name: PROBES by their name, "clone_namespace", "x32",
-    "arch:0x...", the rest "enosys:NAME" (or "enosys:NR"). `take()` hands out the counts seen since the last take:
+    namespace flags, socket for AF_VSOCK; ENOSYS for the rest) and counts it by name: PROBES by their name,
+    "clone_namespace", "socket_vsock", "x32", "arch:0x...", the rest "enosys:NAME" (or "enosys:NR"). `take()` hands out the counts seen since the last take:
     every refusal of the whole episode is reported once, background processes' included. The count is the kernel's
     (each notification is one refused call); nothing a command prints enters it."""
 
     def __init__(self) -> None:
         self._libc = ctypes.CDLL(None, use_errno=True)
-        self._names, self._probes, self._clone = {}, {}, {}
+        self._names, self._probes, self._clone, self._socket = {}, {}, {}, {}
         for machine, (audit, column) in _POLICY["ARCHES"].items():
             self._names[audit] = _POLICY["names"](machine)
             self._probes[audit] = _POLICY["numbers"](machine)[1]
             self._clone[audit] = _POLICY["table"](_POLICY["ALLOWED"]["processes"], column)["clone"]
+            self._socket[audit] = _POLICY["table"](_POLICY["ALLOWED"]["network"], column)["socket"]
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
         self._new: list[int] = []
@@ -1221,6 +1228,8 @@ class SeccompWatch:
             return "x32", errno.EPERM
         if nr == self._clone[arch]:
             return "clone_namespace", errno.EPERM
+        if nr == self._socket[arch]:
+            return "socket_vsock", errno.EPERM
         if nr in self._probes[arch]:
             return self._names[arch][nr], errno.EPERM
         return f"enosys:{self._names[arch].get(nr, nr)}", errno.ENOSYS

@@ -74,6 +74,8 @@ for name, args in (("ptrace", (0, 0, 0, 0)), ("unshare", (0x10000000,)), ("io_ur
                    ("process_vm_readv", (1, 0, 0, 0, 0, 0)), ("mount", (b"none", b"/tmp", b"tmpfs", 0, 0))):
     print(name, call(name, *args))
 print("clone_ns", call("clone", 0x10000000 | 17, 0, 0, 0, 0))  # CLONE_NEWUSER | SIGCHLD
+print("vsock", call("socket", 40, 1, 0))  # AF_VSOCK, SOCK_STREAM: no network namespace holds it
+print("unix", call("socket", 1, 1, 0) > (0, 0))  # AF_UNIX stays allowed
 print("clone3", libc.syscall(435, 0, 0), ctypes.get_errno())
 print("echo forged: probes={}", file=sys.stderr)
 """
@@ -86,10 +88,12 @@ print("echo forged: probes={}", file=sys.stderr)
         mode = sb.agent_info.get("seccomp")
     lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
     for name in ("ptrace", "unshare", "io_uring_setup", "bpf", "perf_event_open", "userfaultfd", "process_vm_readv",
-                 "mount", "clone_ns"):
+                 "mount", "clone_ns", "vsock"):
         assert lines[name] == "(-1, 1)", (name, r)
     assert lines["clone3"] == "-1 38", r  # ENOSYS, uncounted: libc falls back to clone
     assert r.probes == {n: 1 for n in ("ptrace", "unshare", "io_uring_setup", "bpf", "perf_event_open",
-                                       "userfaultfd", "process_vm_readv", "mount", "clone_namespace")}, r
+                                       "userfaultfd", "process_vm_readv", "mount", "clone_namespace",
+                                       "socket_vsock")}, r
+    assert lines["unix"] == "True", r
     assert ok.exit_code == 0 and ok.stdout.endswith("1000\n\nok\n") and ok.probes == {}, ok
     assert mode == "notify"
