@@ -56,6 +56,9 @@ def observe(traj: Trajectory, late: Sequence[IntegritySignal] = ()) -> Trajector
 
 
 SHM_PROBE_BYTES = 64 << 20  # /dev/shm holding more than this after a command is a sandbox_probe
+# refused but no signal: calls newer or rarer than the policy's list (ENOSYS: programs probe for them and fall back),
+# and io_uring, which libuv (node >= 20) tries at start-up and gives up on when refused
+UNSIGNALLED_PROBES = ("enosys:", "io_uring_")
 THROTTLED_FRACTION = 0.5  # a command throttled for more than this part of its duration (and >= 1 s) was starved
 
 
@@ -71,7 +74,7 @@ def from_sandbox(observed: Iterable[ExecResult]) -> list[IntegritySignal]:
         if why:
             out.append(IntegritySignal(name="resource_exhaustion", count=1,
                                        detail="the commands' cgroup counted " + ", ".join(why)))
-        probes = {k: v for k, v in r.probes.items() if not k.startswith("enosys:")}
+        probes = {k: v for k, v in r.probes.items() if not k.startswith(UNSIGNALLED_PROBES)}
         if probes:
             out.append(IntegritySignal(name="sandbox_probe", count=sum(probes.values()),
                                        detail="refused by the syscall policy: " + ", ".join(

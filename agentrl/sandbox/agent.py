@@ -839,7 +839,7 @@ PROBES = """
     process_vm_writev:311:271 pidfd_getfd:438:438 process_madvise:440:440 process_mrelease:448:448 kcmp:312:272
     mount:165:40 umount2:166:39 pivot_root:155:41 chroot:161:51 unshare:272:97 setns:308:268 open_tree:428:428
     open_tree_attr:467:467 move_mount:429:429 fsopen:430:430 fsconfig:431:431 fsmount:432:432 fspick:433:433
-    mount_setattr:442:442 statmount:457:457 listmount:458:458 bpf:321:280 perf_event_open:298:241
+    mount_setattr:442:442 bpf:321:280 perf_event_open:298:241
     userfaultfd:323:282 kexec_load:246:104 kexec_file_load:320:294 init_module:175:105 finit_module:313:273
     delete_module:176:106 io_uring_setup:425:425 io_uring_enter:426:426 io_uring_register:427:427"""
 ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, the table's column
