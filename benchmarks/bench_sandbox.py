@@ -8,6 +8,9 @@ bare host process spawn. Prints a markdown table (see BENCHMARKS.md for recorded
         # local: exec ['true'] through OLD_AGENT.py (e.g. `git show REV:agentrl/sandbox/agent.py`) and through this
         # tree's agent, interleaved (same load): round trip p50/p99 and the sandbox cgroup's CPU per exec;
         # --shared: agent and commands in one CPU budget (as in a Kubernetes pod), not resource-separated
+    python benchmarks/bench_sandbox.py --seccomp 300 [--cpus 1]
+        # local: exec round trips with the syscall policy on (this tree's agent) and off (the same agent with
+        # SECCOMP_POLICY = "off"), alternating: ['true'] and ['python3', '-c', 'pass'] (~500 syscalls)
 
 --leases 0 skips the lease measurements; --cpus sets the sandbox's CPU quota (cgroup cpu.max / cfs_quota_us over a
 100 ms period): at 0.05 every exec whose agent + command CPU passes 5 ms in a period waits for the next period.
@@ -168,6 +171,38 @@ async def bench_compare_agent(old_agent: str, spec: SandboxSpec, n: int, shared:
     return out
 
 
+async def bench_seccomp(spec: SandboxSpec, n: int, state_dir: str) -> dict[str, list[float]]:
+    """exec round trips through this tree's agent with the syscall policy on and off (a copy of agent.py with
+    SECCOMP_POLICY = "off"), one local sandbox each, alternating (who goes first too) after 20 warm-up execs."""
+    from agentrl.sandbox.local import LocalBackend
+
+    on, off = (LocalBackend(state_dir=state_dir) for _ in range(2))
+    source = Path(on._agent_file).read_text()
+    assert 'SECCOMP_POLICY = "notify"' in source, "agent.py no longer sets SECCOMP_POLICY = \"notify\""
+    off_file = Path(state_dir, "agent-seccomp-off.py")
+    off_file.write_text(source.replace('SECCOMP_POLICY = "notify"', 'SECCOMP_POLICY = "off"'))
+    off._agent_file = str(off_file)
+    out: dict[str, list[float]] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        arms = []
+        for key, backend in (("on", on), ("off", off)):
+            pool = await stack.enter_async_context(SandboxPool(backend, spec, max_sandboxes=1))
+            arms.append((key, await stack.enter_async_context(pool.lease())))
+        for cmd_key, cmd in (("true", ["true"]), ("python", ["python3", "-c", "pass"])):
+            for _ in range(20):
+                for _, sb in arms:
+                    await sb.exec(cmd)
+            for i in range(n):
+                for key, sb in arms if i % 2 else arms[::-1]:
+                    t0 = time.perf_counter()
+                    await sb.exec(cmd)
+                    out.setdefault(f"{cmd_key}_{key}", []).append(time.perf_counter() - t0)
+        for key, sb in arms:
+            await sb.health()
+            out[f"mode_{key}"] = sb.agent_info.get("seccomp")
+    return out
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="local")
@@ -177,7 +212,19 @@ async def main() -> None:
     ap.add_argument("--separation", type=int, default=0, help="only the separated-vs-shared exec comparison, N each")
     ap.add_argument("--compare-agent", default=None, help="an older agent.py: exec through it vs this tree's agent")
     ap.add_argument("--shared", action="store_true", help="--compare-agent: agent and commands share one budget")
+    ap.add_argument("--seccomp", type=int, default=0, help="only the syscall policy on-vs-off comparison, N each")
     args = ap.parse_args()
+    if args.seccomp:
+        spec = SandboxSpec() if args.cpus is None else SandboxSpec(cpus=args.cpus)
+        with tempfile.TemporaryDirectory(prefix="agrl-bench-", dir="/tmp") as state_dir:
+            res = await bench_seccomp(spec, args.seccomp, state_dir)
+        print(f"local, cpus={spec.cpus}; policy on: {res['mode_on']}, off: {res['mode_off']}\n")
+        print("| exec round trip | N | p50 ms | p99 ms | ratio (p50) |\n| --- | --- | --- | --- | --- |")
+        for cmd_key, name in (("true", "['true']"), ("python", "['python3', '-c', 'pass']")):
+            off = statistics.median(res[f"{cmd_key}_off"]) * 1000
+            print(_row(f"{name}, syscall policy off", res[f"{cmd_key}_off"]))
+            print(_row(f"{name}, syscall policy on (notify)", res[f"{cmd_key}_on"], off))
+        return
     if args.compare_agent:
         spec = SandboxSpec() if args.cpus is None else SandboxSpec(cpus=args.cpus)
         with tempfile.TemporaryDirectory(prefix="agrl-bench-", dir="/tmp") as state_dir:

@@ -15,8 +15,15 @@ facts, the grader's report, the attribution verdict), never from the policy's ow
     resource_exhaustion  sandbox / runner                  the sandbox (or a command in it) was killed by the kernel:
                                                            OOM in the commands' cgroup, a SIGKILL that was not our
                                                            timeout, or the sandbox died during a command
+                                                           ; or, from the agent's counters (from_sandbox), an OOM
+                                                           kill, a pids.max hit, a full workspace or CPU throttling
+                                                           for over half a command, whatever its exit code
     reward_unsupported   runner, from the env's reports    full marks at grading for a solution whose visible tests
                                                            failed during the episode (same solution digest)
+    sandbox_probe        sandbox agent (syscall policy)    a call the policy refused (keyrings, ptrace, mount or
+                                                           namespaces, bpf, perf, io_uring...: agent.SeccompWatch's
+                                                           count, not the command's output), or /dev/shm holding
+                                                           more than SHM_PROBE_BYTES after a command
 
 Every signal has a name, a count and the turn where it was first seen (None: at grading). docs/reward-integrity.md
 says, per signal, on which backends it is observed and how it could miss.
@@ -29,19 +36,53 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from agentrl.sandbox.base import ExecResult
 from agentrl.types import IntegritySignal, Status, TestReport, Trajectory
 
 log = logging.getLogger("agentrl.integrity")
 
-SIGNALS = ("protected_path_edit", "test_tamper", "resource_exhaustion", "reward_unsupported")
+SIGNALS = ("protected_path_edit", "test_tamper", "resource_exhaustion", "reward_unsupported", "sandbox_probe")
 FLAGGED_KEY = "integrity_flagged_frac"  # any signal: shown, not alarmed on (each signal has its own rate)
 KILLED_EXIT_CODES = (137, -9)  # SIGKILL as a shell reports it / as Popen reports it
 
 
-def observe(traj: Trajectory) -> Trajectory:
-    """`traj` with its `integrity` signals (merged by name: counts added, the earliest turn kept)."""
-    found = [*_reported(traj), *_resource(traj), *_unsupported(traj)]
+def observe(traj: Trajectory, late: Sequence[IntegritySignal] = ()) -> Trajectory:
+    """`traj` with its `integrity` signals (merged by name: counts added, the earliest turn kept). `late`: what the
+    sandbox counted after the last turn (from_sandbox at the kill_all before grading), recorded at grading (turn
+    None)."""
+    found = [*_reported(traj), *_resource(traj), *_unsupported(traj),
+             *(s.model_copy(update={"turn": None}) for s in late)]
     return traj.model_copy(update={"integrity": merge(found)}) if found else traj
+
+
+SHM_PROBE_BYTES = 64 << 20  # /dev/shm holding more than this after a command is a sandbox_probe
+# refused but no signal: calls newer or rarer than the policy's list (ENOSYS: programs probe for them and fall back),
+# and io_uring, which libuv (node >= 20) tries at start-up and gives up on when refused
+UNSIGNALLED_PROBES = ("enosys:", "io_uring_")
+THROTTLED_FRACTION = 0.5  # a command throttled for more than this part of its duration (and >= 1 s) was starved
+
+
+def from_sandbox(observed: Iterable[ExecResult]) -> list[IntegritySignal]:
+    """Signals from what the sandbox's agent counted (Sandbox.take_observed), turn unset (the caller's): the
+    kernel's counts, never the command's output or its exit code."""
+    out = []
+    for r in observed:
+        res = r.resources
+        why = [f"{k}={res[k]}" for k in ("oom_kills", "pids_max", "disk_full") if res.get(k)]
+        if res.get("cpu_throttled_us", 0) >= max(1e6, THROTTLED_FRACTION * r.duration_s * 1e6):
+            why.append(f"cpu_throttled_us={res['cpu_throttled_us']} in {r.duration_s:.1f}s")
+        if why:
+            out.append(IntegritySignal(name="resource_exhaustion", count=1,
+                                       detail="the commands' cgroup counted " + ", ".join(why)))
+        probes = {k: v for k, v in r.probes.items() if not k.startswith(UNSIGNALLED_PROBES)}
+        if probes:
+            out.append(IntegritySignal(name="sandbox_probe", count=sum(probes.values()),
+                                       detail="refused by the syscall policy: " + ", ".join(
+                                           f"{k} x{v}" for k, v in sorted(probes.items()))))
+        if res.get("shm_bytes", 0) > SHM_PROBE_BYTES:
+            out.append(IntegritySignal(name="sandbox_probe", count=1,
+                                       detail=f"/dev/shm holds {res['shm_bytes']} bytes after a command"))
+    return out
 
 
 def merge(signals: Iterable[IntegritySignal]) -> list[IntegritySignal]:
@@ -67,10 +108,12 @@ def _reported(traj: Trajectory) -> list[IntegritySignal]:
 
 
 def _resource(traj: Trajectory) -> list[IntegritySignal]:
+    """From exit codes, for the calls whose sandbox counters (from_sandbox, already on the call) said nothing."""
     out = []
     for turn in traj.turns:
         for r in turn.tool_results:
-            if r.exit_code in KILLED_EXIT_CODES and not r.timed_out:
+            counted = any(s.name == "resource_exhaustion" for s in r.signals)
+            if r.exit_code in KILLED_EXIT_CODES and not r.timed_out and not counted:
                 out.append(IntegritySignal(name="resource_exhaustion", turn=turn.index,
                                            detail=f"{r.name}: killed by SIGKILL (not the tool timeout): OOM or "
                                                   f"another limit of the commands' cgroup"))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from agentrl.engine.base import GenerationEngine
 from agentrl.envs.base import Env, Task
 from agentrl.errors import EngineError, InfraError
+from agentrl.runner import integrity
 from agentrl.runner.seeds import turn_seed
 from agentrl.sandbox.client import Sandbox
 from agentrl.tools.parsers import parse_tool_calls
@@ -183,6 +184,10 @@ class Rollout:
             result = ToolResult(call_id=call.id, name=call.name, output=f"tool error: {exc}", error="tool_failed")
         if not result.duration_s:
             result = result.model_copy(update={"duration_s": time.perf_counter() - t0})
+        take = getattr(sandbox, "take_observed", None)  # test doubles of the sandbox may lack it
+        seen = integrity.from_sandbox(take()) if take is not None else []  # the agent's counts, at this turn
+        if seen:
+            result = result.model_copy(update={"signals": [*result.signals, *seen]})
         return result
 
     def _observation(self, results: list[ToolResult], errors: list[str]) -> list[Message]:

@@ -104,6 +104,7 @@ class _Attempt:
     submission: Submission | None = None  # fresh grading: collected in the policy's sandbox, graded in another
     drift: asyncio.Task[str | None] | None = None  # deferred drift check, runs while the trajectory is finalized
     drift_error: str | None = None
+    late_signals: list = field(default_factory=list)  # what the agent counted after the last tool call (kill_all)
 
 
 class Scheduler:
@@ -241,7 +242,8 @@ class Scheduler:
         end_session = getattr(self.rollout.engine, "end_session", None)
         if end_session is not None:  # engines with sticky routing forget this trajectory's worker
             end_session(run.traj_id)
-        return integrity.observe(await self._score(self._safe_record(run, group_id, k, attempt, step)))
+        return integrity.observe(await self._score(self._safe_record(run, group_id, k, attempt, step)),
+                                 late=run.late_signals)
 
     async def _score(self, traj: Trajectory) -> Trajectory:
         """The scorer's reward. A scorer that fails (the reward service's 5xx / timeout after its own retries, a
@@ -324,6 +326,8 @@ class Scheduler:
     async def _finalize(self, run: _Attempt, sandbox: Any) -> None:
         env = self.rollout.env
         await sandbox.kill_all()  # nothing the policy left running may touch the grading
+        take = getattr(sandbox, "take_observed", None)  # refusals by processes that outlived the last tool call
+        run.late_signals = integrity.from_sandbox(take()) if take is not None else []
         if env.grading_sandbox == "fresh":  # read the policy's work as data now; graded after this lease ends
             run.submission = await env.collect(sandbox, run.task)
             run.solution = run.submission.solution

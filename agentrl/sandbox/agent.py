@@ -31,6 +31,10 @@ the agent (a socketpair; the command's pipes travel with SCM_RIGHTS), reports ea
 code, and is restarted for the next exec when /kill_all or the policy killed it. Where it cannot start, commands
 start through setpriv as before.
 
+The syscall policy (SECCOMP_SOURCE): the spawner installs one allow-list seccomp filter on itself before it serves,
+so every command on every backend runs under it; its refusals go to the agent (seccomp user notification, the
+listener passed with the spawner's ready answer), which answers them and counts them (`SeccompWatch`).
+
 Resource separation (`--cgroups v1:D1:D2...` or `--cgroups v2:D`, each D a sandbox cgroup directory with `agent` and
 `commands` children, the agent in `agent`): every command starts in `commands`, which carries the sandbox's memory,
 pids and CPU limits, so a command filling them cannot take the agent's (`resources_separated` in /health). The
@@ -60,16 +64,20 @@ authorized connection gets a worker thread (at most MAX_WORKERS), so a connectio
 costs no thread:
 
     GET  /health   -> {ok, pid, version, workspace, writable, uid_separated, command_uid, resources_separated,
-                       commands_apart, judge_python}   commands_apart: --relay, commands run in another container;
+                       commands_apart, judge_python, seccomp}   seccomp: the syscall policy's mode (notify, errno,
+                       "none: why"; see SECCOMP_SOURCE); commands_apart: --relay, commands run in another container;
                        judge_python: the path of `judge-python` next to this file when the backend
                        put an execute-only interpreter copy there (root's, no read bit: a process the command user
                        starts from it is non-dumpable from its execve on, the kernel's rule for unreadable
                        binaries), else null
     POST /exec     {cmd: str|list, timeout, cwd, env, stdin, output_limit, kill_leftovers}
-                   -> {exit_code, stdout, stderr, timed_out, truncated, duration_s}
+                   -> {exit_code, stdout, stderr, timed_out, truncated, duration_s, probes, resources}
                    kill_leftovers: after the command, kill every process of the command user (as /kill_all)
-    POST /kill_all {} -> {killed: n}   every process in `commands` (resource-separated), else every process of the
-                   command user (uid-separated) or every descendant of the agent (single uid), until none is left;
+                   probes: the syscall policy's refusals since the last report, by name (SeccompWatch);
+                   resources: the commands' counters that moved during the command (ResourceCounters)
+    POST /kill_all {} -> {killed: n, probes}   every process in `commands` (resource-separated), else every
+                   process of the command user (uid-separated) or every descendant of the agent (single uid), until
+                   none is left;
                    also those of concurrent execs; then the SysV IPC objects of the command user; 409 (kind
                    "survivors", "policy processes survived kill") when some survive SIGKILL for 5 s
     POST /write    {path, content_b64, mode} -> {ok, bytes}
@@ -304,6 +312,76 @@ class CommandCgroup:
             for pid in live:
                 _kill(pid)
             time.sleep(0.001)
+
+
+
+class ResourceCounters:
+    """What the kernel counted against the commands during one command (`--cgroups`: the `commands` cgroup's event
+    counters; every layout: the filesystems they write), reported in /exec's `resources` so that the runner can
+    raise `resource_exhaustion` from the backend's own counts, not from an exit code the policy shapes or that was
+    lost. Keys (only those that moved): oom_kills (memory.events / v1 memory.oom_control oom_kill), pids_max
+    (pids.events max: a fork refused by pids.max), cpu_throttled_periods and cpu_throttled_us (cpu.stat), disk_full
+    (1: the workspace or an extra writable directory has no free block or inode left after the command),
+    shm_bytes (what /dev/shm holds after the command, when it holds anything)."""
+
+    COUNTERS = (("memory.events", "oom_kill", "oom_kills"), ("memory.oom_control", "oom_kill", "oom_kills"),
+                ("pids.events", "max", "pids_max"), ("cpu.stat", "nr_throttled", "cpu_throttled_periods"),
+                ("cpu.stat", "throttled_usec", "cpu_throttled_us"), ("cpu.stat", "throttled_time", "cpu_throttled_ns"))
+
+    def __init__(self, cgroup: CommandCgroup, roots: tuple[str, ...]) -> None:
+        self.roots = roots
+        self._own: list[tuple[str, int]] = []  # `commands`' counter files, opened once (pread per read)
+        for d in cgroup.dirs:
+            for name in dict.fromkeys(c[0] for c in self.COUNTERS):
+                try:
+                    self._own.append((name, os.open(f"{d}/commands/{name}", os.O_RDONLY)))
+                except OSError:
+                    continue
+        self._files: dict[str, int] = {}  # relayed: the commands' container's counter files, opened by its spawner
+        self._lock = threading.Lock()
+
+    def use_files(self, files: dict[str, int]) -> None:
+        """Read these descriptors (name -> fd, from a spawner in the commands' container) from now on."""
+        with self._lock:
+            old, self._files = self._files, dict(files)
+        _close(tuple(old.values()))
+
+    def read(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        texts = []
+        with self._lock:
+            for name, fd in [*self._own, *self._files.items()]:
+                try:
+                    texts.append((name, os.pread(fd, 1 << 16, 0).decode()))
+                except OSError:
+                    continue
+        for name, text in texts:
+            values = dict(line.split(None, 1) for line in text.splitlines() if " " in line)
+            for file, key, ours in self.COUNTERS:
+                if file == name and key in values:
+                    out[ours] = out.get(ours, 0) + int(values[key])
+        return out
+
+    def delta(self, before: dict[str, int]) -> dict[str, int]:
+        after = self.read()
+        out = {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
+        if "cpu_throttled_ns" in out:  # cgroup v1 counts nanoseconds
+            out["cpu_throttled_us"] = out.get("cpu_throttled_us", 0) + out.pop("cpu_throttled_ns") // 1000
+        for root in self.roots:
+            try:
+                st = os.statvfs(root)
+            except OSError:
+                continue
+            if st.f_blocks and (st.f_bavail == 0 or (st.f_files and st.f_favail == 0)):
+                out["disk_full"] = 1
+        try:
+            st = os.statvfs("/dev/shm")
+            used = (st.f_blocks - st.f_bfree) * st.f_frsize
+            if used:
+                out["shm_bytes"] = used
+        except OSError:
+            pass
+        return out
 
 
 IPC_RMID = 0
@@ -678,12 +756,205 @@ def _killpg(pgid: int) -> None:
         pass
 
 
+# ---------------------------------------------------------------- the syscall policy
+
+# The syscall policy every command runs under, on every backend (docs/reward-integrity.md, "The syscall policy"): a
+# classic-BPF seccomp filter that the command spawner installs on itself before it serves (so every command it
+# starts inherits it; no per-command cost). Part of the spawner's program (SPAWNER_PROGRAM) and exec'd by the agent
+# for the names of the calls it observes (`SeccompWatch`). Stdlib only (ctypes). An allow-list per architecture
+# (x86_64, aarch64; any other architecture, and x32 numbers, are refused): ALLOWED's families are what a task's
+# programs need; `clone` only without namespace flags, `socket` not for AF_VSOCK; `clone3` (whose flags the filter
+# cannot read) answers ENOSYS
+# so libc falls back to clone. Everything else is refused: the PROBES (a task never needs them: kernel keyrings,
+# ptrace and reading other processes, mounts and namespaces, bpf, perf, userfaultfd, kexec and modules, io_uring)
+# with EPERM, the rest (calls newer or rarer than this list) with ENOSYS, so programs that probe for them fall back.
+# With `notify` the refusals go to a listener (SECCOMP_RET_USER_NOTIF) instead: the agent answers them with the same
+# errno and counts them, so probing is seen as well as blocked. Each table entry is NAME:X86_64_NR:AARCH64_NR (-1:
+# not on that architecture).
+SECCOMP_SOURCE = r'''# agentrl syscall policy
+import ctypes, os
+ALLOWED = {}
+ALLOWED["processes"] = """
+    execve:59:221 execveat:322:281 exit:60:93 exit_group:231:94 fork:57:-1 vfork:58:-1 clone:56:220 wait4:61:260
+    waitid:247:95 set_tid_address:218:96 set_robust_list:273:99 get_robust_list:274:100 rseq:334:293
+    restart_syscall:219:128 arch_prctl:158:-1 prctl:157:167 getpid:39:172 getppid:110:173 gettid:186:178
+    getpgid:121:155 setpgid:109:154 getpgrp:111:-1 getsid:124:156 setsid:112:157 capget:125:90 capset:126:91
+    personality:135:92 seccomp:317:277 membarrier:324:283 sched_yield:24:124 sched_getaffinity:204:123
+    sched_setaffinity:203:122 sched_getparam:143:121 sched_setparam:142:118 sched_getscheduler:145:120
+    sched_setscheduler:144:119 sched_get_priority_max:146:125 sched_get_priority_min:147:126
+    sched_rr_get_interval:148:127 sched_getattr:315:275 sched_setattr:314:274 getpriority:140:141
+    setpriority:141:140 ioprio_get:252:31 ioprio_set:251:30 getrusage:98:165 getrlimit:97:163 setrlimit:160:164
+    prlimit64:302:261 umask:95:166 uname:63:160 sysinfo:99:179 times:100:153 getcpu:309:168 getrandom:318:278
+    landlock_create_ruleset:444:444 landlock_add_rule:445:445 landlock_restrict_self:446:446"""
+ALLOWED["ids"] = """
+    getuid:102:174 geteuid:107:175 getgid:104:176 getegid:108:177 getresuid:118:148 getresgid:120:150
+    getgroups:115:158 setuid:105:146 setgid:106:144 setreuid:113:145 setregid:114:143 setresuid:117:147
+    setresgid:119:149 setgroups:116:159 setfsuid:122:151 setfsgid:123:152"""
+ALLOWED["memory"] = """
+    brk:12:214 mmap:9:222 munmap:11:215 mprotect:10:226 mremap:25:216 madvise:28:233 mincore:27:232 msync:26:227
+    mlock:149:228 mlock2:325:284 munlock:150:229 mlockall:151:230 munlockall:152:231 memfd_create:319:279
+    pkey_alloc:330:289 pkey_free:331:290 pkey_mprotect:329:288 remap_file_pages:216:234 mbind:237:235
+    get_mempolicy:239:236 set_mempolicy:238:237 mseal:462:462 map_shadow_stack:453:453"""
+ALLOWED["files"] = """
+    read:0:63 write:1:64 readv:19:65 writev:20:66 pread64:17:67 pwrite64:18:68 preadv:295:69 pwritev:296:70
+    preadv2:327:286 pwritev2:328:287 open:2:-1 openat:257:56 openat2:437:437 creat:85:-1 close:3:57
+    close_range:436:436 lseek:8:62 dup:32:23 dup2:33:-1 dup3:292:24 fcntl:72:25 flock:73:32 fsync:74:82
+    fdatasync:75:83 syncfs:306:267 sync:162:81 sync_file_range:277:84 fallocate:285:47 fadvise64:221:223
+    readahead:187:213 ftruncate:77:46 truncate:76:45 stat:4:-1 fstat:5:80 lstat:6:-1 newfstatat:262:79 statx:332:291
+    statfs:137:43 fstatfs:138:44 access:21:-1 faccessat:269:48 faccessat2:439:439 getcwd:79:17 chdir:80:49
+    fchdir:81:50 mkdir:83:-1 mkdirat:258:34 rmdir:84:-1 rename:82:-1 renameat:264:38 renameat2:316:276 link:86:-1
+    linkat:265:37 symlink:88:-1 symlinkat:266:36 unlink:87:-1 unlinkat:263:35 readlink:89:-1 readlinkat:267:78
+    chmod:90:-1 fchmod:91:52 fchmodat:268:53 fchmodat2:452:452 chown:92:-1 fchown:93:55 lchown:94:-1 fchownat:260:54
+    utime:132:-1 utimes:235:-1 utimensat:280:88 futimesat:261:-1 getdents:78:-1 getdents64:217:61 mknod:133:-1
+    mknodat:259:33 getxattr:191:8 lgetxattr:192:9 fgetxattr:193:10 setxattr:188:5 lsetxattr:189:6 fsetxattr:190:7
+    listxattr:194:11 llistxattr:195:12 flistxattr:196:13 removexattr:197:14 lremovexattr:198:15 fremovexattr:199:16
+    getxattrat:464:464 setxattrat:463:463 listxattrat:465:465 removexattrat:466:466 sendfile:40:71 splice:275:76
+    tee:276:77 vmsplice:278:75 copy_file_range:326:285 ioctl:16:29 name_to_handle_at:303:-1 cachestat:451:451
+    inotify_init:253:-1 inotify_init1:294:26 inotify_add_watch:254:27 inotify_rm_watch:255:28"""
+ALLOWED["waiting"] = """
+    pipe:22:-1 pipe2:293:59 poll:7:-1 ppoll:271:73 select:23:-1 pselect6:270:72 epoll_create:213:-1
+    epoll_create1:291:20 epoll_ctl:233:21 epoll_wait:232:-1 epoll_pwait:281:22 epoll_pwait2:441:441 eventfd:284:-1
+    eventfd2:290:19 signalfd:282:-1 signalfd4:289:74 timerfd_create:283:85 timerfd_settime:286:86
+    timerfd_gettime:287:87 futex:202:98 futex_waitv:449:449 futex_wake:454:454 futex_wait:455:455
+    futex_requeue:456:456 io_setup:206:0 io_destroy:207:1 io_submit:209:2 io_cancel:210:3 io_getevents:208:4
+    io_pgetevents:333:292"""
+ALLOWED["time"] = """
+    nanosleep:35:101 clock_nanosleep:230:115 clock_gettime:228:113 clock_getres:229:114 gettimeofday:96:169
+    time:201:-1 alarm:37:-1 getitimer:36:102 setitimer:38:103 timer_create:222:107 timer_settime:223:110
+    timer_gettime:224:108 timer_getoverrun:225:109 timer_delete:226:111 pause:34:-1"""
+ALLOWED["signals"] = """
+    rt_sigaction:13:134 rt_sigprocmask:14:135 rt_sigreturn:15:139 rt_sigpending:127:136 rt_sigsuspend:130:133
+    rt_sigtimedwait:128:137 sigaltstack:131:132 kill:62:129 tkill:200:130 tgkill:234:131 rt_sigqueueinfo:129:138
+    rt_tgsigqueueinfo:297:240 pidfd_open:434:434 pidfd_send_signal:424:424"""
+ALLOWED["ipc"] = """
+    shmget:29:194 shmat:30:196 shmdt:67:197 shmctl:31:195 semget:64:190 semop:65:193 semtimedop:220:192
+    semctl:66:191 msgget:68:186 msgsnd:69:189 msgrcv:70:188 msgctl:71:187 mq_open:240:180 mq_unlink:241:181
+    mq_timedsend:242:182 mq_timedreceive:243:183 mq_notify:244:184 mq_getsetattr:245:185"""
+ALLOWED["network"] = """
+    socket:41:198 socketpair:53:199 bind:49:200 listen:50:201 accept:43:202 accept4:288:242 connect:42:203
+    getsockname:51:204 getpeername:52:205 sendto:44:206 recvfrom:45:207 sendmsg:46:211 recvmsg:47:212
+    sendmmsg:307:269 recvmmsg:299:243 shutdown:48:210 setsockopt:54:208 getsockopt:55:209"""
+PROBES = """
+    add_key:248:217 request_key:249:218 keyctl:250:219 ptrace:101:117 process_vm_readv:310:270
+    process_vm_writev:311:271 pidfd_getfd:438:438 process_madvise:440:440 process_mrelease:448:448 kcmp:312:272
+    mount:165:40 umount2:166:39 pivot_root:155:41 chroot:161:51 unshare:272:97 setns:308:268 open_tree:428:428
+    open_tree_attr:467:467 move_mount:429:429 fsopen:430:430 fsconfig:431:431 fsmount:432:432 fspick:433:433
+    mount_setattr:442:442 bpf:321:280 perf_event_open:298:241
+    userfaultfd:323:282 kexec_load:246:104 kexec_file_load:320:294 init_module:175:105 finit_module:313:273
+    delete_module:176:106 io_uring_setup:425:425 io_uring_enter:426:426 io_uring_register:427:427"""
+ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, the table's column
+X32_BIT = 0x40000000
+CLONE3 = {"x86_64": 435, "aarch64": 435}
+SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
+CLONE_NAMESPACES = 0x7E020000  # NEWNS NEWCGROUP NEWUTS NEWIPC NEWUSER NEWPID NEWNET
+AF_VSOCK = 40  # not in any network namespace: it would reach the host's (or the VM host's) vsock services
+RET_ALLOW, RET_NOTIFY, RET_ERRNO = 0x7FFF0000, 0x7FC00000, 0x00050000
+EPERM, ENOSYS = 1, 38
+
+
+def table(text, column):
+    return {f.split(":")[0]: int(f.split(":")[1 + column]) for f in text.split()}
+
+
+def numbers(arch):
+    """({allowed nr}, {probe nr}) of `arch`, x86_64 or aarch64."""
+    col = ARCHES[arch][1]
+    allowed = {nr for text in ALLOWED.values() for nr in table(text, col).values() if nr >= 0}
+    return allowed, {nr for nr in table(PROBES, col).values() if nr >= 0}
+
+
+def names(arch):
+    col = ARCHES[arch][1]
+    out = {nr: name for text in ALLOWED.values() for name, nr in table(text, col).items() if nr >= 0}
+    out.update({nr: name for name, nr in table(PROBES, col).items() if nr >= 0})
+    return out
+
+
+def _section(arch, probe, other):
+    """One architecture's instructions (labels resolved by `program`): seccomp_data.nr checked for x32, clone,
+    clone3 and the probes, then against the allow-list (sorted ranges, two jumps each); the rest is refused."""
+    allowed, probes = numbers(arch)
+    clone = table(ALLOWED["processes"], ARCHES[arch][1])["clone"]
+    sock = table(ALLOWED["network"], ARCHES[arch][1])["socket"]
+    allowed -= {clone, sock}
+    ranges, ins = [], [(0x20, None, None, 0)]  # ld nr
+    for nr in sorted(allowed):
+        if ranges and ranges[-1][1] == nr - 1:
+            ranges[-1][1] = nr
+        else:
+            ranges.append([nr, nr])
+    if arch == "x86_64":
+        ins.append((0x35, "probe", None, X32_BIT))  # jge: an x32 call
+    ins += [(0x15, "clone", None, clone), (0x15, "socket", None, sock), (0x15, "enosys", None, CLONE3[arch])]
+    ins += [(0x15, "probe", None, nr) for nr in sorted(probes)]
+    for lo, hi in ranges:
+        ins += [(0x35, None, "other", lo), (0x25, None, "allow", hi)]  # jge lo / jgt hi
+    ins += [("other",), (0x06, None, None, other), ("allow",), (0x06, None, None, RET_ALLOW), ("probe",),
+            (0x06, None, None, probe), ("enosys",), (0x06, None, None, RET_ERRNO | ENOSYS), ("clone",),
+            (0x20, None, None, 16), (0x45, None, "clone_ok", CLONE_NAMESPACES),  # ld args[0] (low word); jset
+            (0x06, None, None, probe), ("clone_ok",), (0x06, None, None, RET_ALLOW), ("socket",),
+            (0x20, None, None, 16), (0x15, None, "socket_ok", AF_VSOCK),  # ld args[0]; jeq
+            (0x06, None, None, probe), ("socket_ok",), (0x06, None, None, RET_ALLOW)]
+    return _resolve(ins)
+
+
+def _resolve(ins):
+    labels, out = {}, []
+    for i in ins:
+        if len(i) == 1:
+            labels[i[0]] = len(out)
+        else:
+            out.append(i)
+    code = []
+    for at, (op, jt, jf, k) in enumerate(out):
+        jt, jf = (0 if j is None else labels[j] - at - 1 for j in (jt, jf))
+        assert 0 <= jt < 256 and 0 <= jf < 256, "a jump too far for classic BPF"
+        code.append((op, jt, jf, k))
+    return code
+
+
+def program(notify):
+    """The whole filter: the architecture check, then one section per known architecture."""
+    probe = RET_NOTIFY if notify else RET_ERRNO | EPERM
+    other = RET_NOTIFY if notify else RET_ERRNO | ENOSYS
+    x86, arm = _section("x86_64", probe, other), _section("aarch64", probe, other)
+    head = [(0x20, 0, 0, 4), (0x15, 2, 0, ARCHES["x86_64"][0]), (0x15, 1 + len(x86), 0, ARCHES["aarch64"][0]),
+            (0x06, 0, 0, probe)]
+    return b"".join(op.to_bytes(2, "little") + bytes((jt, jf)) + k.to_bytes(4, "little")
+                    for op, jt, jf, k in head + x86 + arm)
+
+
+def install(libc, notify=True):
+    """Install the filter on this process (and so on everything it starts from now on; needs no_new_privs).
+    Returns (listener fd or -1, mode): mode "notify" (refusals go to the listener), "errno" (refused silently:
+    the kernel has no user notification or a listener is already set up above us) or "none: why"."""
+    arch = os.uname().machine
+    if arch not in ARCHES:
+        return -1, f"none: no policy for {arch}"
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+    why = ""
+    for listen in ((True, False) if notify else (False,)):
+        code = program(listen)
+        prog = Prog(len(code) // 8, code)
+        fd = libc.syscall(ctypes.c_long(SYS_SECCOMP[arch]), ctypes.c_long(1), ctypes.c_long(8 if listen else 0),
+                          ctypes.byref(prog))
+        if fd >= 0:
+            return (fd, "notify") if listen else (-1, "errno")
+        why = os.strerror(ctypes.get_errno())
+    return -1, f"none: seccomp: {why}"
+'''
+
+
 # ---------------------------------------------------------------- the command spawner
 
-# The spawner's program, run as `python -I -S -c SPAWNER_SOURCE SOCK_FD UID GID` (UID -1: keep the agent's ids). It
+# The spawner's program, run as `python -I -S -c SPAWNER_PROGRAM SOCK_FD UID GID POLICY` (UID -1: keep the agent's
+# ids; POLICY notify|errno|off: the syscall policy, SECCOMP_SOURCE, which it installs on itself last). It
 # imports only builtin modules (and ctypes), so it starts in a few ms of CPU. Started as the agent's uid (root when
 # uid-separated), it makes itself non-dumpable, becomes UID:GID with no groups and no capabilities (inheritable
-# included), checks that, answers b"R" (or b"F" and why), and then serves the socket until EOF.
+# included), checks that, installs the syscall policy, answers b"R" and the policy's mode (with the policy's listener
+# attached, SCM_RIGHTS, in notify mode) or b"F" and why, and then serves the socket until EOF.
 # Requests: 8 bytes of length, then a NUL-separated record (cwd, argc, argv..., n, executable candidates...,
 # NAME=VALUE...), with the command's stdin, stdout and stderr attached to the length (SCM_RIGHTS). Messages back,
 # 24 bytes each (kind, pid, value; little-endian): kind 1 answers a request (value: errno, 0 when started; a pidfd
@@ -695,6 +966,8 @@ import ctypes, errno, os, select, sys, _signal, _socket
 PR_GET_DUMPABLE, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_GET_NO_NEW_PRIVS = 3, 4, 38, 39
 libc = ctypes.CDLL(None, use_errno=True)
 fd, uid, gid = (int(a) for a in sys.argv[1:4])
+policy = sys.argv[4] if len(sys.argv) > 4 else "notify"
+counters = sys.argv[5:6] == ["counters"]  # relayed: open this container's cgroup counters for the agent
 sock = _socket.socket(fileno=fd)
 
 
@@ -831,10 +1104,135 @@ def serve():
                 serve_one()
 
 
+def cgroup_files():
+    """This process's cgroup counter files (memory.events or v1 memory.oom_control, pids.events, cpu.stat), opened
+    read-only for the agent, which cannot see the cgroups of this container: [(name, fd)], at most one per name.
+    Each is looked for in the cgroup's own directory, then at the mount's root (where a container on cgroup v1, or
+    in a cgroup namespace, sees its own cgroup)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            paths = {c: path.rstrip("/") for _, ctrls, path in (line.rstrip("\n").split(":", 2) for line in f)
+                     for c in (ctrls.split(",") if ctrls else [""])}
+    except (OSError, ValueError):
+        return []
+    out = {}
+    for ctrl, mount, name in (("", "", "memory.events"), ("", "", "pids.events"), ("", "", "cpu.stat"),
+                              ("memory", "/memory", "memory.oom_control"), ("pids", "/pids", "pids.events"),
+                              ("cpu", "/cpu,cpuacct", "cpu.stat"), ("cpu", "/cpu", "cpu.stat")):
+        mount = "/sys/fs/cgroup" + mount
+        if ctrl not in paths or name in out:
+            continue
+        for path in (f"{mount}{paths[ctrl]}/{name}", f"{mount}/{name}"):
+            try:
+                out[name] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                break
+            except OSError:
+                continue
+    return sorted(out.items())
+
+
 setup()
-sock.sendall(b"R")
+files = cgroup_files() if counters else []
+listener, mode = install(libc, policy == "notify") if policy != "off" else (-1, "none: off")
+fds = ([listener] if listener >= 0 else []) + [f for _, f in files]
+head = b"R" + mode.encode() + b"\0" + str(int(listener >= 0)).encode() + b"\0" + ",".join(n for n, _ in files).encode()
+sock.sendmsg([head], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, b"".join(f.to_bytes(4, sys.byteorder) for f in fds))]
+             if fds else [])
+for f in fds:
+    os.close(f)
 serve()
 '''
+SPAWNER_PROGRAM = SECCOMP_SOURCE + SPAWNER_SOURCE
+SECCOMP_POLICY = "notify"  # the spawner's syscall policy: notify (refusals counted by the agent), errno, off
+_POLICY: dict = {}
+exec(SECCOMP_SOURCE, _POLICY)  # its tables and functions (nothing is installed in the agent)
+_NOTIF_RECV, _NOTIF_SEND = 0xC0502100, 0xC0182101  # SECCOMP_IOCTL_NOTIF_RECV / _SEND
+
+
+class _NotifData(ctypes.Structure):
+    _fields_ = [("nr", ctypes.c_int), ("arch", ctypes.c_uint32), ("ip", ctypes.c_uint64),
+                ("args", ctypes.c_uint64 * 6)]
+
+
+class _Notif(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint64), ("pid", ctypes.c_uint32), ("flags", ctypes.c_uint32), ("data", _NotifData)]
+
+
+class _NotifResp(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint64), ("val", ctypes.c_int64), ("error", ctypes.c_int32), ("flags", ctypes.c_uint32)]
+
+
+class SeccompWatch:
+    """The supervisor of the syscall policy's refusals (notify mode): one thread polls the listener of every
+    spawner started (a spawner's commands keep its filter, and so its listener, after it died), answers each refused
+    call with the errno the policy gives it (EPERM for the PROBES, a foreign architecture, x32 and clone with
+    namespace flags, socket for AF_VSOCK; ENOSYS for the rest) and counts it by name: PROBES by their name,
+    "clone_namespace", "socket_vsock", "x32", "arch:0x...", the rest "enosys:NAME" (or "enosys:NR"). `take()` hands out the counts seen since the last take:
+    every refusal of the whole episode is reported once, background processes' included. The count is the kernel's
+    (each notification is one refused call); nothing a command prints enters it."""
+
+    def __init__(self) -> None:
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._names, self._probes, self._clone, self._socket = {}, {}, {}, {}
+        for machine, (audit, column) in _POLICY["ARCHES"].items():
+            self._names[audit] = _POLICY["names"](machine)
+            self._probes[audit] = _POLICY["numbers"](machine)[1]
+            self._clone[audit] = _POLICY["table"](_POLICY["ALLOWED"]["processes"], column)["clone"]
+            self._socket[audit] = _POLICY["table"](_POLICY["ALLOWED"]["network"], column)["socket"]
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._new: list[int] = []
+        self._wake_r, self._wake_w = os.pipe()
+        threading.Thread(target=self._run, name="seccomp-watch", daemon=True).start()
+
+    def add(self, fd: int) -> None:
+        with self._lock:
+            self._new.append(fd)
+        os.write(self._wake_w, b"x")
+
+    def take(self) -> dict[str, int]:
+        with self._lock:
+            out, self._counts = self._counts, {}
+        return out
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        while True:
+            for fd, ev in poller.poll():
+                if fd == self._wake_r:
+                    os.read(self._wake_r, 4096)
+                    with self._lock:
+                        new, self._new = self._new, []
+                    for f in new:
+                        poller.register(f, select.POLLIN)
+                elif ev & select.POLLIN:
+                    self._answer(fd)
+                else:  # every process under that filter is gone
+                    poller.unregister(fd)
+                    os.close(fd)
+
+    def _answer(self, fd: int) -> None:
+        notif = _Notif()
+        if self._libc.ioctl(fd, ctypes.c_ulong(_NOTIF_RECV), ctypes.byref(notif)) != 0:
+            return  # the caller died meanwhile
+        name, err = self._name(notif.data.arch, notif.data.nr)
+        self._libc.ioctl(fd, ctypes.c_ulong(_NOTIF_SEND), ctypes.byref(_NotifResp(notif.id, 0, -err, 0)))
+        with self._lock:
+            self._counts[name] = self._counts.get(name, 0) + 1
+
+    def _name(self, arch: int, nr: int) -> tuple[str, int]:
+        if arch not in self._names:
+            return f"arch:{arch:#x}", errno.EPERM
+        if nr >= _POLICY["X32_BIT"]:
+            return "x32", errno.EPERM
+        if nr == self._clone[arch]:
+            return "clone_namespace", errno.EPERM
+        if nr == self._socket[arch]:
+            return "socket_vsock", errno.EPERM
+        if nr in self._probes[arch]:
+            return self._names[arch][nr], errno.EPERM
+        return f"enosys:{self._names[arch].get(nr, nr)}", errno.ENOSYS
 # The relay's program (the agent in a container of its own, `--relay NAME`: kubernetes, docker), run as
 # `python3 -I -S -c RELAY_SOURCE NAME`: the main process of the sandbox container, uid 0 with only CAP_SETUID and
 # CAP_SETGID (what the spawner needs to become the command user), in that container's cgroup, i.e. under the
@@ -1083,7 +1481,8 @@ class Spawner:
     or read its memory (non-dumpable) nor reach its socket (a socketpair only the agent holds; every other fd
     closed). /kill_all kills it with the rest."""
 
-    def __init__(self, identity: Identity, cgroup: CommandCgroup, reaper: "Reaper", relay: str | None = None) -> None:
+    def __init__(self, identity: Identity, cgroup: CommandCgroup, reaper: "Reaper", relay: str | None = None,
+                 watch: "SeccompWatch | None" = None) -> None:
         self._ids = (identity.uid, identity.gid) if identity.separated else (-1, -1)
         self._identity, self._cgroup, self._reaper = identity, cgroup, reaper
         self._relay = relay  # started by the relay in the commands' container, not as our child
@@ -1091,6 +1490,9 @@ class Spawner:
         self._cond = threading.Condition()  # what the reader threads learn
         self._link: _Link | None = None
         self.unusable = False  # its setup failed here: commands start through setpriv
+        self._watch = watch  # gets the syscall policy's listener of every spawner started
+        self.seccomp = "none: no spawner started yet"  # the last spawner's policy mode (SECCOMP_SOURCE's install)
+        self.on_counter_files: "Callable[[dict[str, int]], None] | None" = None  # relayed: gets the commands' cgroup
 
     @property
     def pid(self) -> int | None:
@@ -1111,11 +1513,17 @@ class Spawner:
             try:
                 a.settimeout(max(min(deadline, time.monotonic() + SPAWNER_START_TIMEOUT_S) - time.monotonic(),
                                  0.001))
-                ready = a.recv(4096)
+                ready, anc, _, _ = a.recvmsg(4096, socket.CMSG_SPACE(4 * 8), socket.MSG_CMSG_CLOEXEC)
                 a.settimeout(None)
             except OSError:
-                ready = b""
-            if ready != b"R":
+                ready, anc = b"", []
+            listeners = [fd for level, kind, raw in anc if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                         for fd in array.array("i", raw[:len(raw) - len(raw) % 4])]
+            if ready.startswith(b"R"):
+                self._ready(ready, listeners)
+            else:
+                _close(tuple(listeners))
+            if not ready.startswith(b"R"):
                 link.discard()
                 a.close()
                 if ready.startswith(b"F"):
@@ -1128,10 +1536,29 @@ class Spawner:
                 raise OSError(errno.EAGAIN, "cannot start a thread (the pod's pids are full)") from None
             self._link = link
 
+    def _ready(self, ready: bytes, fds: list[int]) -> None:
+        """The spawner's ready answer: b"R" MODE NUL LISTENER(0|1) NUL NAME,NAME... with the policy's listener (when
+        1) and the named cgroup counter files (relayed) attached, in that order."""
+        mode, _, rest = ready[1:].decode(errors="replace").partition("\0")
+        has_listener, _, names = rest.partition("\0")
+        self.seccomp = mode
+        if has_listener == "1" and fds:
+            listener, fds = fds[0], fds[1:]
+            if self._watch is not None:
+                self._watch.add(listener)
+            else:
+                os.close(listener)
+        files = dict(zip(names.split(","), fds)) if names else {}
+        _close(tuple(fds[len(files):]))
+        if self.on_counter_files is not None and files:
+            self.on_counter_files(files)
+        else:
+            _close(tuple(files.values()))
+
     def _start_child(self) -> "tuple[socket.socket, subprocess.Popen]":
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        argv = self._cgroup.wrap([sys.executable, "-I", "-S", "-c", SPAWNER_SOURCE, str(b.fileno()),
-                                  *map(str, self._ids)])
+        argv = self._cgroup.wrap([sys.executable, "-I", "-S", "-c", SPAWNER_PROGRAM, str(b.fileno()),
+                                  *map(str, self._ids), SECCOMP_POLICY])
         try:
             return a, self._cgroup.start(lambda: subprocess.Popen(
                 argv, pass_fds=(b.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True))
@@ -1148,7 +1575,7 @@ class Spawner:
         container's cgroup, under the sandbox's limits, as its child. The relay must be of our uid (SO_PEERCRED): a
         command that bound the name after the relay died is not. Raises OSError (EAGAIN: the commands' pids are
         full) or SpawnerLost (the relay is gone: the sandbox container died, e.g. by the commands' memory limit)."""
-        argv = ["python3", "-I", "-S", "-c", SPAWNER_SOURCE, "3", *map(str, self._ids)]
+        argv = ["python3", "-I", "-S", "-c", SPAWNER_PROGRAM, "3", *map(str, self._ids), SECCOMP_POLICY, "counters"]
         data = b"\0".join(os.fsencode(x) for x in argv)
         fds: list[int] = []
         try:
@@ -1475,10 +1902,14 @@ class Agent:
         self._kill_lock = threading.Lock()
         self.relay = relay  # commands run in another container: only through the relay's spawner
         self.judge_python = judge_python(self.identity)  # the backend put it there before the agent started
+        self.counters = ResourceCounters(self.cgroup, (self.workspace, *self.writable))
         # separated (by uid, by cgroup or by container): commands start through a fork server that is already where
         # they belong
-        self._spawner = Spawner(self.identity, self.cgroup, self._reaper, relay) \
-            if self.identity.separated or self.cgroup.enabled or relay else None
+        separated = self.identity.separated or self.cgroup.enabled or relay
+        self._watch = SeccompWatch() if separated and SECCOMP_POLICY == "notify" else None
+        self._spawner = Spawner(self.identity, self.cgroup, self._reaper, relay, self._watch) if separated else None
+        if self._spawner is not None and relay:
+            self._spawner.on_counter_files = self.counters.use_files
 
     def dispatch(self, method: str, path: str, body: bytes) -> dict:
         routes = {("GET", "/health"): self.health, ("POST", "/exec"): self.exec, ("POST", "/write"): self.write,
@@ -1494,7 +1925,20 @@ class Agent:
                 "writable": list(self.writable),
                 "uid_separated": self.identity.separated, "command_uid": self.identity.uid,
                 "resources_separated": self.cgroup.enabled or self.relay is not None,
-                "commands_apart": self.relay is not None, "judge_python": self.judge_python}
+                "commands_apart": self.relay is not None, "judge_python": self.judge_python,
+                "seccomp": self._seccomp_mode()}
+
+    def _seccomp_mode(self) -> str:
+        """The syscall policy commands run under: notify (refusals counted), errno (refused, not counted), or
+        "none: why" (no spawner: not separated, or it cannot start here, and commands start through setpriv)."""
+        spawner = self._spawner
+        if spawner is None:
+            return "none: commands are not separated from the agent (no spawner)"
+        return "none: the spawner cannot start here" if spawner.unusable else spawner.seccomp
+
+    def probes(self) -> dict[str, int]:
+        """The syscall policy's refusals since the last report (SeccompWatch.take), {} without a watch."""
+        return self._watch.take() if self._watch is not None else {}
 
     def exec(self, req: dict) -> dict:
         argv = _argv(req.get("cmd"))
@@ -1513,6 +1957,7 @@ class Agent:
         if stdin is not None and not isinstance(stdin, str):
             raise HTTPError(400, "field 'stdin' must be a string")
         run = ExecRun(argv, cwd, env, None if stdin is None else stdin.encode(), limit, self.identity, self.cgroup)
+        before = self.counters.read()
         start = time.monotonic()
         try:
             proc = self._start(run, start + timeout)
@@ -1532,6 +1977,8 @@ class Agent:
                 self._groups.discard(proc.pid)
         if kill_leftovers:
             self._kill_leftovers()
+        result["probes"] = self.probes()
+        result["resources"] = self.counters.delta(before)
         return result
 
     def _start(self, run: ExecRun, deadline: float) -> "subprocess.Popen | _Spawned":
@@ -1639,7 +2086,7 @@ class Agent:
     # ------------------------------------------------------------ leftovers
 
     def kill_all(self, req: dict) -> dict:
-        return {"killed": self._kill_leftovers()}
+        return {"killed": self._kill_leftovers(), "probes": self.probes()}
 
     def _kill_leftovers(self) -> int:
         """Kill every process the commands left (through their cgroup when resource-separated, else by uid or

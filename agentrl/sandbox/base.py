@@ -86,6 +86,12 @@ class ExecResult(BaseModel):
     timed_out: bool = False
     truncated: bool = False
     duration_s: float = 0.0
+    # the syscall policy's refusals the agent counted since its previous report (this command's and any background
+    # process's): PROBES by name, "clone_namespace", "x32", "enosys:NAME" (see agent.SeccompWatch)
+    probes: dict[str, int] = Field(default_factory=dict)
+    # the commands' cgroup counters that moved during the command (agent.ResourceCounters): oom_kills, pids_max,
+    # cpu_throttled_us, disk_full, shm_bytes
+    resources: dict[str, int] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)

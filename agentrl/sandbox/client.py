@@ -235,6 +235,7 @@ class Sandbox:
         self.spec = spec
         self.client = client or AgentClient(handle.endpoint)
         self.agent_info: dict[str, Any] = {}  # the last /health answer (the pool checks health before every lease)
+        self._observed: list[ExecResult] = []  # what the agent counted (probes, resources), until take_observed()
 
     @property
     def uid_separated(self) -> bool:
@@ -288,14 +289,26 @@ class Sandbox:
             payload["kill_leftovers"] = True
         status, obj = await self.client.request("POST", "/exec", payload, timeout=limit + EXEC_GRACE_S)
         _raise_for(status, obj, f"exec in sandbox {self.id}")
-        return ExecResult(**obj)
+        result = ExecResult(**obj)
+        if result.probes or result.resources:
+            self._observed.append(result)
+        return result
 
     async def kill_all(self) -> int:
         """SIGKILL every process of the sandbox user (every process commands started, daemons included; with uid
         separation nothing of the agent) until none is left. Returns how many were killed. Call it before grading."""
         status, obj = await self.client.request("POST", "/kill_all", {}, timeout=IO_TIMEOUT_S)
         _raise_for(status, obj, f"kill_all in sandbox {self.id}")
+        if obj.get("probes"):  # refusals of processes that outlived their command, counted until now
+            self._observed.append(ExecResult(exit_code=0, stdout="", stderr="", probes=obj["probes"]))
         return int(obj["killed"])
+
+    def take_observed(self) -> list[ExecResult]:
+        """The exec results (and kill_all reports) whose agent counts moved since the last take: the syscall
+        policy's refusals (`probes`) and the commands' resource counters (`resources`). The runner turns them into
+        integrity signals at the turn it takes them (runner/integrity.py, `from_sandbox`)."""
+        out, self._observed = self._observed, []
+        return out
 
     async def write_file(self, path: str, content: str | bytes, mode: int = 0o644) -> None:
         data = content.encode() if isinstance(content, str) else bytes(content)

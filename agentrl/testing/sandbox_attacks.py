@@ -12,6 +12,7 @@ import asyncio
 from typing import Any
 
 from agentrl.sandbox.client import Sandbox, SandboxPathError
+from agentrl.testing.policy_attacks import attack_hide_an_oom_kill, attack_probe_the_kernel, still_serves
 
 # prints the pid of the agent (found through /proc/*/cmdline, which every process may read) and its --unix socket
 FIND_AGENT = r"""
@@ -95,12 +96,6 @@ async def spawner_of(sb: Sandbox) -> int:
     return int(pids[0])
 
 
-async def still_serves(sb: Sandbox) -> None:
-    assert await sb.health(), "the agent died"
-    r = await sb.exec("echo alive")
-    assert r.exit_code == 0 and r.stdout == "alive\n", r
-
-
 async def attack_kill_everything(sb: Sandbox) -> None:
     """kill(-1, SIGKILL) from the shell and from Python kills only the policy's own processes."""
     await sb.exec("sleep 60 > /dev/null 2>&1 &")
@@ -149,13 +144,16 @@ async def attack_ptrace_the_agent(sb: Sandbox) -> None:
 
 async def attack_trace_the_spawner(sb: Sandbox) -> None:
     """The command spawner runs as the command user, but non-dumpable: a command can neither ptrace it nor read its
-    memory (which holds nothing but could forge spawns), while it can trace its own same-uid child."""
+    memory (which holds nothing but could forge spawns), while it can read its own same-uid child's memory."""
     pid = await spawner_of(sb)
     r = await sb.exec(["python3", "-c", TRACE_SAME_UID, str(pid)])
     assert r.exit_code == 0, r
     spawner, control = (line.split("|") for line in r.stdout.splitlines())
-    assert control[0] == "0" and control[2] == "opened" and control[3] == str(sb.command_uid), r.stdout
+    # the control: its own same-uid child's memory opens (ptrace itself is refused to every command by the syscall
+    # policy, EPERM, and counted)
+    assert control[0] == "-1" and control[2] == "opened" and control[3] == str(sb.command_uid), r.stdout
     assert spawner[0] == "-1" and "not permitted" in spawner[1].lower(), r.stdout
+    assert r.probes.get("ptrace") == 2, r
     assert spawner[2] == "Permission denied" and spawner[3] == "0", r.stdout
     await still_serves(sb)
 
@@ -342,7 +340,8 @@ async def attack_open_a_grader_at_its_start(sb: Sandbox) -> None:
 
 ALL = (attack_kill_everything, attack_signal_the_agent, attack_read_the_agent, attack_ptrace_the_agent,
        attack_socket_dir, attack_daemon_outlives_the_call, attack_daemon_with_kill_leftovers,
-       attack_unresolvable_paths, attack_trace_the_spawner, attack_kill_the_spawner, attack_stop_the_spawner)
+       attack_unresolvable_paths, attack_trace_the_spawner, attack_kill_the_spawner, attack_stop_the_spawner,
+       attack_probe_the_kernel)
 
 
 # ---------------------------------------------------------------- the control plane's own resources
@@ -468,4 +467,5 @@ async def attack_busy_loops_in_the_cpu_quota(sb: Sandbox, *, loops: int = 6, lim
 
 
 RESOURCE_ATTACKS = (attack_sysv_shm_outlives_every_process, attack_memory_fill_after_lowering_oom_adj,
-                    attack_pids_filled_by_a_daemon)  # attack_busy_loops_in_the_cpu_quota needs a small cpus spec
+                    attack_pids_filled_by_a_daemon, attack_hide_an_oom_kill)  # attack_busy_loops_in_the_cpu_quota
+# needs a small cpus spec

@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from agentrl.runner import integrity
+from agentrl.sandbox.base import ExecResult
 from agentrl.store import summarize
 from agentrl.trainer.config import IntegrityOptions
 from agentrl.types import IntegritySignal, Status, TestOutcome, TestReport, ToolResult, Trajectory, Turn
@@ -125,3 +126,29 @@ def test_view_data_and_terminal_show_signals_at_their_turn() -> None:
     text = console.export_text()
     assert "INTEGRITY resource_exhaustion x1 at turn 1" in text
     assert text.index("turn 1 ·") < text.rindex("INTEGRITY resource_exhaustion")  # inline, inside turn 1
+
+
+def _exec(**kw: object) -> ExecResult:
+    return ExecResult(exit_code=0, stdout="", stderr="", duration_s=2.0, **kw)  # type: ignore[arg-type]
+
+
+def test_the_sandboxs_counters_raise_signals_whatever_the_exit_code() -> None:
+    found = integrity.from_sandbox([
+        _exec(resources={"oom_kills": 1}),  # a child OOM-killed under a main process that exited 0
+        _exec(resources={"cpu_throttled_us": 1_500_000}),  # throttled for 1.5 s of a 2 s command
+        _exec(resources={"cpu_throttled_us": 900_000, "cpu_throttled_periods": 9, "shm_bytes": 4096}),  # honest
+        _exec(probes={"add_key": 2, "enosys:fchmodat2": 1}),  # refused calls; ENOSYS fallbacks are no probe
+        _exec(probes={"enosys:cachestat": 3, "io_uring_setup": 1}),  # libuv tries io_uring and falls back
+        _exec(resources={"shm_bytes": 65 << 20}),
+    ])
+    assert [(s.name, s.count) for s in found] == [("resource_exhaustion", 1), ("resource_exhaustion", 1),
+                                                  ("sandbox_probe", 2), ("sandbox_probe", 1)]
+    assert "oom_kills=1" in found[0].detail and "add_key x2" in found[2].detail
+
+
+def test_counted_calls_are_not_counted_twice_and_late_ones_are_at_grading() -> None:
+    counted = integrity.from_sandbox([_exec(resources={"oom_kills": 1})])
+    late = integrity.from_sandbox([_exec(probes={"ptrace": 1})])
+    t = integrity.observe(_traj([_result(exit_code=137, signals=counted)], _report(0, 1)), late=late)
+    assert [(s.name, s.count, s.turn) for s in t.integrity] == [("resource_exhaustion", 1, 0),
+                                                                ("sandbox_probe", 1, None)]
