@@ -90,6 +90,8 @@ class RepoFixEnv(Env):
         self.cache = self.config.cache_dir or default_cache_dir()
         self._rows: list[dict[str, Any]] | None = None
         self._buggy: dict[str, trees.Tree] = {}  # per task id (derived data, not per-trajectory state)
+        self._pristine: dict[Path, trees.Tree] = {}  # per sdist: the original tree
+        self._reference: dict[str, dict[str, list]] = {}  # per task id: the original's value records (judge.py)
         self.shells = ShellSessions()  # each sandbox's bash session (its pid: kept here, out of the policy's reach)
 
     # -- tasks
@@ -163,9 +165,11 @@ class RepoFixEnv(Env):
 
     def pristine(self, row: Any) -> trees.Tree:
         sdist = self.cache / "sdists" / f"{row['package']}-{row['version']}.tar.gz"
-        if not sdist.exists():
-            raise ConfigError(f"repo_fix: {sdist} is missing: run `python -m agentrl_repo_fix prepare`")
-        return trees.from_sdist(sdist)
+        if sdist not in self._pristine:
+            if not sdist.exists():
+                raise ConfigError(f"repo_fix: {sdist} is missing: run `python -m agentrl_repo_fix prepare`")
+            self._pristine[sdist] = trees.from_sdist(sdist)
+        return self._pristine[sdist]
 
     def buggy(self, row: Any) -> trees.Tree:
         if row["id"] not in self._buggy:
@@ -186,6 +190,17 @@ class RepoFixEnv(Env):
         res = await sandbox.exec(["sh", "-c", script], timeout=SETUP_TIMEOUT_S, env=GIT_ENV)
         if res.exit_code != 0:
             raise RuntimeError(f"repo_fix setup of {task.id} failed: {(res.stderr or res.stdout)[-500:]}")
+        await self.reference(sandbox, task)
+
+    async def reference(self, sandbox: Sandbox, task: Task) -> dict[str, list]:
+        """What the task's tests compare on the original package (grading.reference_traces), run once per task and
+        kept: in setup(), before the policy acts (a failure there is infra), or else by grade() before the graded
+        run. The judge checks every graded pass against it."""
+        if task.id not in self._reference:
+            self._reference[task.id] = await grading.reference_traces(
+                sandbox, dict(task.data), self.pristine(task.data), self.sandbox_venv(sandbox, task.data),
+                timeout_s=self.config.grade_timeout_s)
+        return self._reference[task.id]
 
     async def call_tool(self, sandbox: Sandbox, call: ToolCall, *, task: Task) -> ToolResult:
         limit = self.config.output_chars
@@ -228,8 +243,10 @@ class RepoFixEnv(Env):
     async def grade(self, sandbox: Sandbox, task: Task, submission: Submission) -> TestReport:
         """In a fresh sandbox: unpack the graded tree into a new directory and run the recorded suite there."""
         graded, dropped = submission.payload
+        reference = await self.reference(sandbox, task)  # normally from setup(); else before any graded code here
         try:
             report = await grading.run_graded(sandbox, dict(task.data), graded, self.sandbox_venv(sandbox, task.data),
+                                              original=self.pristine(task.data), reference=reference,
                                               timeout_s=self.config.grade_timeout_s)
         except grading.PolicyBrokeRepo as exc:  # e.g. the kept changes fill the disk: its episode, scored 0
             return self.failed_report(task, str(exc))
