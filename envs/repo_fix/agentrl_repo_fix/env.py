@@ -90,7 +90,7 @@ class RepoFixEnv(Env):
         self.cache = self.config.cache_dir or default_cache_dir()
         self._rows: list[dict[str, Any]] | None = None
         self._buggy: dict[str, trees.Tree] = {}  # per task id (derived data, not per-trajectory state)
-        self._pristine: dict[Path, trees.Tree] = {}  # per sdist: the original tree
+        self._original: dict[str, trees.Tree] = {}  # per task id: buggy + reference fix (what the judge trusts)
         self._reference: dict[str, dict[str, list]] = {}  # per task id: the original's value records (judge.py)
         self.shells = ShellSessions()  # each sandbox's bash session (its pid: kept here, out of the policy's reach)
 
@@ -165,11 +165,16 @@ class RepoFixEnv(Env):
 
     def pristine(self, row: Any) -> trees.Tree:
         sdist = self.cache / "sdists" / f"{row['package']}-{row['version']}.tar.gz"
-        if sdist not in self._pristine:
-            if not sdist.exists():
-                raise ConfigError(f"repo_fix: {sdist} is missing: run `python -m agentrl_repo_fix prepare`")
-            self._pristine[sdist] = trees.from_sdist(sdist)
-        return self._pristine[sdist]
+        if not sdist.exists():
+            raise ConfigError(f"repo_fix: {sdist} is missing: run `python -m agentrl_repo_fix prepare`")
+        return trees.from_sdist(sdist)
+
+    def original(self, row: Any) -> trees.Tree:
+        """The tree whose behaviour the judge trusts: the buggy tree with the task's reference fix (for a built
+        task, the package as released). Grading takes its pytest configuration from here too."""
+        if row["id"] not in self._original:
+            self._original[row["id"]] = trees.apply_diff(self.buggy(row), row["reference_diff"])
+        return self._original[row["id"]]
 
     def buggy(self, row: Any) -> trees.Tree:
         if row["id"] not in self._buggy:
@@ -198,7 +203,7 @@ class RepoFixEnv(Env):
         run. The judge checks every graded pass against it."""
         if task.id not in self._reference:
             self._reference[task.id] = await grading.reference_traces(
-                sandbox, dict(task.data), self.pristine(task.data), self.sandbox_venv(sandbox, task.data),
+                sandbox, dict(task.data), self.original(task.data), self.sandbox_venv(sandbox, task.data),
                 timeout_s=self.config.grade_timeout_s)
         return self._reference[task.id]
 
@@ -246,7 +251,7 @@ class RepoFixEnv(Env):
         reference = await self.reference(sandbox, task)  # normally from setup(); else before any graded code here
         try:
             report = await grading.run_graded(sandbox, dict(task.data), graded, self.sandbox_venv(sandbox, task.data),
-                                              original=self.pristine(task.data), reference=reference,
+                                              original=self.original(task.data), reference=reference,
                                               timeout_s=self.config.grade_timeout_s)
         except grading.PolicyBrokeRepo as exc:  # e.g. the kept changes fill the disk: its episode, scored 0
             return self.failed_report(task, str(exc))

@@ -50,7 +50,7 @@ def protected(path: str, test_paths: list[str]) -> str | None:
     base = parts[-1]
     if base.endswith(".pth"):
         return "path configuration (.pth)"
-    if base in CONFIG_FILES or base.startswith(("pytest", "tox")):
+    if base in CONFIG_FILES or base.startswith(("pytest", ".pytest", "tox")):
         return "test/build configuration"
     if any(p in TEST_DIRS for p in parts[:-1]) or base.startswith("test_") or base.endswith("_test.py") \
             or any(path == t or path.startswith(t.rstrip("/") + "/") for t in test_paths):
