@@ -129,11 +129,17 @@ async def run_graded(sandbox: Sandbox, task: dict[str, Any], graded: trees.Tree,
 
 async def reference_traces(sandbox: Sandbox, task: dict[str, Any], original: trees.Tree, venv: str, *,
                            timeout_s: float) -> dict[str, list]:
-    """What each FAIL_TO_PASS / PASS_TO_PASS test compares on the original package (nothing of the policy's): the
-    records of the tests that passed. Run before any graded code in the sandbox. Raises GraderNotStarted as
-    run_suite does."""
-    channel, _ = await run_suite(sandbox, task, original, venv, timeout_s=timeout_s, original=original)
-    return {t: channel.traces[t] for t, ok in channel.passed.items() if ok and t in channel.traces}
+    """What each FAIL_TO_PASS / PASS_TO_PASS test compares on the original package (nothing of the policy's): its
+    records from two runs, where a digest that differs between them (a value that changes from run to run of the
+    original itself: an id-based hash, a timestamp) is the wildcard "*"; a test whose two runs made a different
+    number of checks, or that failed in either, is left out (judge: no reference). Run before any graded code in
+    the sandbox. Raises GraderNotStarted as run_suite does."""
+    runs = []
+    for _ in range(2):
+        channel, _ = await run_suite(sandbox, task, original, venv, timeout_s=timeout_s, original=original)
+        runs.append({t: channel.traces[t] for t, ok in channel.passed.items() if ok and t in channel.traces})
+    return {t: judge.stable(records, runs[1][t]) for t, records in runs[0].items()
+            if t in runs[1] and len(records) == len(runs[1][t])}
 
 
 async def run_suite(sandbox: Sandbox, task: dict[str, Any], tree: trees.Tree, venv: str, *, timeout_s: float,

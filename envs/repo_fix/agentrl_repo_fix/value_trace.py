@@ -27,6 +27,7 @@ import hashlib
 import json
 import operator
 import re
+import types
 
 _type, _id, _len, _bool, _repr = type, id, len, bool, repr
 _QUAL = type.__dict__["__qualname__"].__get__
@@ -41,6 +42,8 @@ _INT_REPR, _FLOAT_REPR, _COMPLEX_REPR = int.__repr__, float.__repr__, complex.__
 _ATOMS = {_id(t): k for t, k in ((_type(None), "n"), (bool, "b"), (int, "i"), (float, "f"), (complex, "j"),
                                  (str, "s"), (bytes, "y"))}
 _CONTAINERS = {_id(t): k for t, k in ((list, "l"), (tuple, "t"), (set, "S"), (frozenset, "F"), (dict, "d"))}
+_METHOD, _FUNCTION = types.MethodType, types.FunctionType
+_METHOD_FUNC = types.MethodType.__dict__["__func__"]
 _FUNCS = {_id(t) for t in (_type(len), _type(lambda: 0), _type([].append), _type(_type.mro), _type(object.__init__))}
 OPS = {"Eq": operator.eq, "NotEq": operator.ne, "Lt": operator.lt, "LtE": operator.le, "Gt": operator.gt,
        "GtE": operator.ge, "In": lambda a, b: a in b, "NotIn": lambda a, b: a not in b, "Is": operator.is_,
@@ -116,14 +119,17 @@ class _Snap:
             return ["c", f"{_MODULE(v)}.{_QUAL(v)}"]  # type: ignore[arg-type]
         if _id(t) in _FUNCS:
             return ["fn", name, _text(v.__qualname__)]  # type: ignore[attr-defined]
+        if t is _METHOD:  # a bound method: its function's name (not the state of the object it is bound to)
+            func = _MEMBER_GET(_METHOD_FUNC, v, t)
+            return ["fn", name, _text(func.__qualname__) if _type(func) is _FUNCTION else ["?"]]
         state: list = []
         for cls in _MRO(t):
             space = _TDICT(cls)
             for key in sorted(k for k in dict.keys(space.copy()) if _type(k) is str):
                 desc = space[key]
-                if key == "__dict__" and _type(desc) is _GETSET:
-                    inner = _GETSET_GET(desc, v, t)
-                    state.append(["__dict__", self.of(inner, depth + 1) if _type(inner) is dict else ["?"]])
+                if key == "__dict__":  # the C-level descriptor, or a replacement that is never called
+                    inner = _GETSET_GET(desc, v, t) if _type(desc) is _GETSET else None
+                    state.append(["__dict__", self.of(inner, depth + 1) if _type(inner) is dict else ["unreadable"]])
                 elif _type(desc) is _MEMBER and key not in ("__weakref__",):
                     try:
                         state.append([key, self.of(_MEMBER_GET(desc, v, t), depth + 1)])
