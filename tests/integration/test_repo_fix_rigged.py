@@ -223,3 +223,34 @@ async def test_legitimate_fixes_still_score_one_without_a_signal(mini_env: RepoF
     buggy = mini_env.buggy(task.data)
     report = await _score(mini_env, task, trees.diff(buggy, {**buggy, "mini/__init__.py": other.encode()}))
     assert (report.passed, report.total, report.error, report.signals) == (1, 1, None, []), report.outcomes
+
+
+async def test_a_rigged_episode_through_the_runner_scores_zero_and_raises_rigged_comparison(
+        env: RepoFixEnv, smollm2_tokenizer: Any) -> None:
+    """Through the real runner (scripted model, fresh grading sandbox): the policy appends the rig to the package's
+    source with the editor tool and submits. Scored 0 (never unscored); the trajectory carries rigged_comparison at
+    grading, and the signal does not change the reward."""
+    from agentrl.runner import Budgets, Rollout, Scheduler, SchedulerConfig
+    from agentrl.testing.scripted import ScriptedEngine, hermes_call
+    from agentrl.tools.render import ChatRenderer
+    from agentrl.types import SamplingParams, Status
+
+    task = env.tasks()[0]
+    path = str(task.data["file"])
+    last = env.buggy(task.data)[path].decode().rstrip("\n").splitlines()[-1]
+    replies = [hermes_call("str_replace_editor", command="str_replace", path=path, old_str=last,
+                           new_str=last + "\n" + RIG), hermes_call("submit")]
+    engine = ScriptedEngine(smollm2_tokenizer, replies, context_window=32768)
+    rollout = Rollout(env=env, engine=engine, renderer=ChatRenderer(smollm2_tokenizer),
+                      sampling=SamplingParams(temperature=1.0, max_new_tokens=2048,
+                                              stop_token_ids=[smollm2_tokenizer.eos_token_id]),
+                      budgets=Budgets(max_turns=4, max_completion_tokens=30000, context_window=32768,
+                                      tool_timeout_s=120))
+    async with SandboxPool(backend="local", spec=env.sandbox_spec, warm=1, max_sandboxes=2,
+                           run_id=uuid.uuid4().hex[:8], backend_options={"ro_binds": env.ro_binds()}) as pool:
+        traj = await Scheduler(rollout, pool, SchedulerConfig(group_size=1)).run_one(task, group_id="g",
+                                                                                     sample_index=0)
+    assert traj.turns[0].tool_results[0].error is None, traj.turns[0].tool_results[0].output
+    assert traj.status is not Status.infra_error and traj.reward == 0.0, (traj.status, traj.error, traj.tests)
+    assert [(sig.name, sig.turn) for sig in traj.integrity] == [("rigged_comparison", None)], traj.integrity
+    assert "rigged comparison" in traj.integrity[0].detail
