@@ -74,7 +74,7 @@ class _Snap:
     """One snapshot: the plain-data form of a value; `plain` stays True while only exact builtin types were seen."""
 
     def __init__(self) -> None:
-        self.nodes, self.plain, self.seen = 0, True, {}
+        self.nodes, self.plain, self.path = 0, True, set()
 
     def of(self, v: object, depth: int = 0) -> list:
         self.nodes += 1
@@ -85,10 +85,16 @@ class _Snap:
         if self.nodes > MAX_NODES or depth > MAX_DEPTH:
             self.plain = False
             return ["~"]
-        if _id(v) in self.seen:
+        if _id(v) in self.path:  # a cycle (a value shared, not nested, is snapshot again: the same in any order)
             self.plain = False
-            return ["@", self.seen[_id(v)]]
-        self.seen[_id(v)] = len(self.seen)
+            return ["@"]
+        self.path.add(_id(v))
+        try:
+            return self._composite(v, t, depth)
+        finally:
+            self.path.discard(_id(v))
+
+    def _composite(self, v: object, t: type, depth: int) -> list:
         kind = _CONTAINERS.get(_id(t))
         if kind in ("l", "t"):
             return [kind, [self.of(x, depth + 1) for x in (list.__iter__(v) if kind == "l" else tuple.__iter__(v))]]
