@@ -8,19 +8,26 @@ and running the recorded suite over a pristine copy.
    are reported (in the report and in the stored solution).
 3. The graded tree = the host's pristine buggy tree + the kept changes. It is unpacked into a new directory with a
    random name (chosen after the policy's processes are dead) and the task's recorded pytest command runs there
-   with the package's read-only venv: no user site, no plugin autoload, the repository off sys.path until the
-   verdict plugin (loaded first, random module name) has started, a per-test timeout (pytest-timeout) and a total
-   timeout; leftovers are killed after it.
+   with the package's read-only venv and the grader's own configuration (testrun.GradingPaths: `-c` with the
+   original tree's ini, explicit rootdir, conftest cut-off and basetemp: nothing the graded tree holds configures
+   pytest): no user site, no plugin autoload, the repository off sys.path until the verdict plugin (loaded first,
+   random module name) has started, a per-test timeout (pytest-timeout) and a total timeout; leftovers are killed
+   after it.
 4. Verdicts come only from the plugin's channel: one MAC'd, sequenced line per test on the test process's stdout
    pipe, whose reader is the sandbox agent (another uid), never a file (testrun.read_channel; the plugin also
-   audits the test machinery per test, and tampering scores 0). Reward input: passed=1 of total=1 iff every
-   FAIL_TO_PASS and PASS_TO_PASS test passed; the per-test verdicts and the FAIL_TO_PASS fraction are outcomes.
+   audits the test machinery per test, and tampering scores 0), with value_trace's records of what each test
+   compared.
+5. The judge (judge.py, here on the host) keeps a pass only if the test's checks saw the values the original tree
+   gives (reference_traces: the same suite run twice on the buggy tree + the reference fix, where no policy code
+   ran) or plain values it recomputes itself; an overturned pass raises `rigged_comparison`. Reward input:
+   passed=1 of total=1 iff every FAIL_TO_PASS and PASS_TO_PASS test passed; the per-test verdicts and the
+   FAIL_TO_PASS fraction are outcomes.
 
-Steps 1-2 run in the policy's sandbox (RepoFixEnv.collect), step 3-4 in a fresh sandbox of the same pool that the
+Steps 1-2 run in the policy's sandbox (RepoFixEnv.collect), steps 3-4 in a fresh sandbox of the same pool that the
 policy never used (RepoFixEnv.grade; the runner's `grading_sandbox = "fresh"` hook): nothing the policy left outside
 its repository's kept source files exists there. See docs/envs/repo_fix.md for the threat model and its limit: the
-agent's source changes execute in-process with pytest, like any SWE-style grader, so nothing in that process is
-secret from them.
+agent's source changes execute in-process with pytest, so nothing in that process is secret from them; what decides
+a pass is out of their reach (the judge), up to the forgeries listed there.
 """
 
 from __future__ import annotations

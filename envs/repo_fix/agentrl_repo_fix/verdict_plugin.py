@@ -9,6 +9,10 @@ At import, before any file of the graded repository can be imported (the reposit
   - fingerprints the test machinery (every function, class and method of _pytest, pytest, pluggy, pytest_timeout,
     unittest, builtins and itself), wraps atexit.register and os._exit, then puts the repository on sys.path.
 
+It also has pytest's assertion rewriter pass test modules and conftests through value_trace (shipped beside it under
+a random name, part of the audited machinery): before each expected test's verdict line, a `V` line carries the
+records of what the test compared, for the judge on the host (judge.py).
+
 Each test's verdict leaves the process as the test finishes: one line per expected test (setup/call/teardown folded
 like the JUnit report: skipped if any phase skipped, else failed if any phase failed), each line
 `<seq>\t<json>\t<mac>` with a contiguous sequence number and an HMAC-SHA256 under the run's key. Before every line
