@@ -206,7 +206,32 @@ def truth(site: str, x: object) -> bool:
 def call(site: str, name: str, func, /, *args, **kwargs):  # type: ignore[no-untyped-def]
     result = func(*args, **kwargs)
     _record("A", site, name, [*args, *(kwargs[k] for k in sorted(kwargs))], result if name in WATCHED else None)
+    if name.startswith(EXPECTS) and _type(result) is not _Expecting and _hasattr(_type(result), "__exit__"):
+        return _Expecting(site, result)  # `with pytest.raises(E):` / `with self.assertRaises(E):`
     return result
+
+
+EXPECTS = ("raises", "assertRaises", "warns", "assertWarns")
+_hasattr = hasattr
+
+
+class _Expecting:
+    """A context manager of the harness (pytest.raises, unittest's assertRaises) whose exit also records the class
+    of what was raised: a class of the graded code whose metaclass says any exception is a subclass of it earns
+    nothing unless the original raised that very class there."""
+
+    def __init__(self, site: str, inner: object) -> None:
+        self._site, self._inner = site, inner
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        return self._inner.__enter__()  # type: ignore[attr-defined]
+
+    def __exit__(self, kind, value, tb):  # type: ignore[no-untyped-def]
+        _record("X", self._site, "raised", [kind], None)
+        return self._inner.__exit__(kind, value, tb)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
 
 
 def _pytest_internal(node: ast.Compare) -> bool:
