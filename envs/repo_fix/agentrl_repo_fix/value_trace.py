@@ -6,7 +6,8 @@ routes the checks the test's own code makes through this module:
   - every single-operator comparison (`a == b`, `x in y`, `r is None`, ...) -> `cmp`;
   - every `not X` (pytest's rewritten `assert X` is `if not X: raise`) -> `truth` (`__bool__` / `__len__`);
   - every call of isinstance / issubclass / len / bool / all / any / hash / callable and of any function whose
-    name starts with `assert`, `raises` or `warns` (unittest's `self.assertEqual`, `pytest.raises`) -> `call`.
+    name starts with `assert`, `raises` or `warns` (unittest's `self.assertEqual`, `pytest.raises`) -> `call`;
+    a context manager such a call returns also records, at its exit, the class of what its block raised.
 Each check still runs as written (same result, same number of calls into the graded code); it also leaves a record:
 the check's site (file:line:col), its operator or function, a digest of each operand's snapshot and of the result,
 whether all of them are plain data, and for plain records the snapshot itself.
