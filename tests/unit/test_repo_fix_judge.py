@@ -116,3 +116,14 @@ def test_grader_errors_are_named_as_failure_attribution_records_them() -> None:
         assert classify(exc, Stage.finalize).infra is is_infra(exc), cls
     verdict = classify(grading.GraderNotStarted("x"), Stage.finalize)
     assert issubclass(grading.GraderNotStarted, PolicyError) and verdict.kind == "finalize_failed"
+
+
+def test_a_tests_records_stay_within_the_channels_budget() -> None:
+    value_trace.begin()
+    for i in range(5000):
+        value_trace.cmp(f"t.py:{i}:0", "Eq", i, i)
+    records = value_trace.take()
+    import json
+
+    assert len(json.dumps(records)) <= value_trace.MAX_LINE_BYTES + 200 < grading.CHANNEL_BYTES_PER_TEST
+    assert records[-1][0] == "R" and records[-1][1] + len(records) - 1 == 5000  # the rest folded, counted

@@ -190,9 +190,9 @@ async def run_suite(sandbox: Sandbox, task: dict[str, Any], tree: trees.Tree, ve
         await sandbox.exec(["rm", "-rf", "--", root], timeout=TAR_TIMEOUT_S, kill_leftovers=True)
 
 
-# a test's lines: its verdict (sequence number, index, outcome, MAC) and its value records (value_trace: up to
-# MAX_RECORDS of ~110 bytes, payloads of plain values up to MAX_PAYLOAD; failure messages: the base)
-CHANNEL_BYTES_PER_TEST = 64 * 1024
+# a test's lines: its verdict (sequence number, index, outcome, MAC) and its value records (value_trace: at most
+# MAX_LINE_BYTES, 12 KiB); failure messages: the base. What the sandbox's agent may buffer for the run.
+CHANNEL_BYTES_PER_TEST = 16 * 1024
 CHANNEL_BASE_BYTES = 1 << 20
 
 

@@ -52,9 +52,11 @@ OPS = {"Eq": operator.eq, "NotEq": operator.ne, "Lt": operator.lt, "LtE": operat
 WATCHED = {"isinstance", "issubclass", "len", "bool", "all", "any", "hash", "callable"}
 WATCHED_PREFIXES = ("assert", "raises", "warns")
 MAX_NODES, MAX_DEPTH, MAX_STR = 4000, 12, 4096
-MAX_RECORDS, MAX_PAYLOAD = 400, 1024
+# a test's records on the channel: kept one by one up to MAX_LINE_BYTES (plain values shipped while they fit), the
+# rest folded into one digest; grading.CHANNEL_BYTES_PER_TEST bounds what the sandbox's agent buffers per test
+MAX_LINE_BYTES, MAX_PAYLOAD = 12 * 1024, 1024
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,16}")
-_state: dict = {"on": False, "records": [], "rest": None, "repo": "\0", "tmp": "\0"}
+_state: dict = {"on": False, "records": [], "rest": None, "bytes": 0, "repo": "\0", "tmp": "\0"}
 
 
 def configure(repo: str, tmp: str) -> None:
@@ -164,13 +166,15 @@ def _record(kind: str, site: str, what: str, operands: list, result: object) -> 
     rsnap, rplain = snapshot(result)
     plain = rplain and all(p for _, p in snaps)
     rec = [kind, site, what, [_digest(s) for s, _ in snaps], _digest(rsnap), int(plain)]
-    if plain:
-        payload = [[s for s, _ in snaps], rsnap]
-        if _len(json.dumps(payload)) <= MAX_PAYLOAD:
-            rec.append(payload)
-    records = _state["records"]
-    if _len(records) < MAX_RECORDS:
-        records.append(rec)
+    size = _len(json.dumps(rec))
+    if _state["rest"] is None and _state["bytes"] + size <= MAX_LINE_BYTES:
+        if plain:
+            payload = json.dumps([[s for s, _ in snaps], rsnap])
+            if _len(payload) <= MAX_PAYLOAD and _state["bytes"] + size + _len(payload) <= MAX_LINE_BYTES:
+                rec.append(json.loads(payload))
+                size += _len(payload)
+        _state["records"].append(rec)
+        _state["bytes"] += size
         return
     rest = _state["rest"] or ["R", 0, 1, hashlib.sha256()]
     rest[1] += 1
@@ -180,7 +184,7 @@ def _record(kind: str, site: str, what: str, operands: list, result: object) -> 
 
 
 def begin() -> None:
-    _state.update(on=True, records=[], rest=None)
+    _state.update(on=True, records=[], rest=None, bytes=0)
 
 
 def take() -> list:
