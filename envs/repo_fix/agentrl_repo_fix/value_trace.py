@@ -166,13 +166,13 @@ def _record(kind: str, site: str, what: str, operands: list, result: object) -> 
     rsnap, rplain = snapshot(result)
     plain = rplain and all(p for _, p in snaps)
     rec = [kind, site, what, [_digest(s) for s, _ in snaps], _digest(rsnap), int(plain)]
-    size = _len(json.dumps(rec))
+    size = _len(json.dumps(rec)) + 2  # and its separator in the line
     if _state["rest"] is None and _state["bytes"] + size <= MAX_LINE_BYTES:
         if plain:
             payload = json.dumps([[s for s, _ in snaps], rsnap])
-            if _len(payload) <= MAX_PAYLOAD and _state["bytes"] + size + _len(payload) <= MAX_LINE_BYTES:
+            if _len(payload) <= MAX_PAYLOAD and _state["bytes"] + size + _len(payload) + 2 <= MAX_LINE_BYTES:
                 rec.append(json.loads(payload))
-                size += _len(payload)
+                size += _len(payload) + 2
         _state["records"].append(rec)
         _state["bytes"] += size
         return
