@@ -6,12 +6,16 @@
     ├── StoreError                   unreadable/corrupt trajectory file, schema from the future
     ├── InfraError                   infrastructure failed: the trajectory is marked infra_error and retried,
     │   │                            never scored as reward 0
-    │   ├── SandboxError
+    │   ├── SandboxError             (a plain one, raised when the agent answers an error, is recorded as the
+    │   │   │                        policy's `sandbox_error` once the policy has acted: the request was about
+    │   │   │                        its data; before that, infra)
     │   │   ├── SandboxStartError    could not create / start / reach the agent of a sandbox
     │   │   └── SandboxDiedError     a running sandbox vanished or its agent stopped answering
     │   └── EngineError
     │       └── EngineUnavailableError
-    ├── PolicyError                  the model's own failure that ends an episode (recorded, scored)
+    ├── PolicyError                  the model's own failure that ends an episode (recorded, scored; its `kind` is
+    │                                the recorded cause), e.g. SandboxSurvivorsError (processes_survived_kill) and
+    │                                repo_fix's GraderNotStarted (finalize_failed)
     └── UnscoredLimitError           too many trajectories of a run/step could not be scored: the run stops
 
 Task-level failures (a failing test, a tool timeout, a malformed tool call) are not exceptions at all: they are

@@ -12,6 +12,9 @@ facts, the grader's report, the attribution verdict), never from the policy's ow
                                                            pytest-tox-setup config was dropped before grading
     test_tamper          grader (repo_fix, code_tests)     the test machinery was tampered with while the graded code
                                                            ran (the grader's report says so)
+    rigged_comparison    grader (repo_fix)                 a test passed in the graded process, but the values it
+                                                           compared are not the original package's and the outcome
+                                                           was decided by an object of the graded code (its judge)
     resource_exhaustion  sandbox / runner                  the sandbox (or a command in it) was killed by the kernel:
                                                            OOM in the commands' cgroup, a SIGKILL that was not our
                                                            timeout, or the sandbox died during a command
@@ -41,7 +44,8 @@ from agentrl.types import IntegritySignal, Status, TestReport, Trajectory
 
 log = logging.getLogger("agentrl.integrity")
 
-SIGNALS = ("protected_path_edit", "test_tamper", "resource_exhaustion", "reward_unsupported", "sandbox_probe")
+SIGNALS = ("protected_path_edit", "test_tamper", "rigged_comparison", "resource_exhaustion", "reward_unsupported",
+           "sandbox_probe")
 FLAGGED_KEY = "integrity_flagged_frac"  # any signal: shown, not alarmed on (each signal has its own rate)
 KILLED_EXIT_CODES = (137, -9)  # SIGKILL as a shell reports it / as Popen reports it
 

@@ -137,7 +137,9 @@ async def test_attack_from_the_packages_source_scores_zero(env: RepoFixEnv, atta
     assert report.error and "tampering" in report.error and REASONS[attack] in report.error, report.error
     assert report.outcomes[0].message == report.error
     if "tampering" in report.error:  # the integrity monitor sees it too (agentrl.runner.integrity)
-        assert [sig.name for sig in report.signals] == ["test_tamper"], report.signals
+        names = [sig.name for sig in report.signals]
+        # a forged "passed" report also fails the judge (the test made none of the original's checks)
+        assert "test_tamper" in names and set(names) <= {"test_tamper", "rigged_comparison"}, report.signals
 
 
 async def test_the_reference_of_the_attacked_task_still_scores_one(env: RepoFixEnv) -> None:

@@ -255,7 +255,8 @@ def _run_suite(tmp_path: Path, extra: str = "") -> tuple[dict, Any, str, int]:
     import subprocess
     import sys
 
-    from agentrl_repo_fix.testrun import PLUGIN_SOURCE, plugin_input, pytest_argv, read_channel, suite_env
+    from agentrl_repo_fix.testrun import (PLUGIN_SOURCE, TRACE_SOURCE, plugin_input, pytest_argv, read_channel,
+                                          suite_env)
 
     repo = tmp_path / "repo"
     for rel, text in SUITE.items():
@@ -264,6 +265,7 @@ def _run_suite(tmp_path: Path, extra: str = "") -> tuple[dict, Any, str, int]:
     plug = tmp_path / "plug"
     plug.mkdir()
     (plug / "agentrl_verdict_t.py").write_bytes(PLUGIN_SOURCE.read_bytes())
+    (plug / "agentrl_trace_t.py").write_bytes(TRACE_SOURCE.read_bytes())
     report = tmp_path / "r.xml"
     subprocess.run(pytest_argv(sys.executable, ["tests"], str(report)), cwd=repo, capture_output=True,
                    env=suite_env(".", str(tmp_path)))
@@ -271,7 +273,8 @@ def _run_suite(tmp_path: Path, extra: str = "") -> tuple[dict, Any, str, int]:
     ids = sorted(junit) + ["tests.test_mod::test_skipped", "tests.test_mod::test_xfail"]
     key = secrets.token_bytes(32)
     proc = subprocess.run(pytest_argv(sys.executable, ["tests"], None, plugin="agentrl_verdict_t"), cwd=repo,
-                          input=plugin_input(key, ids, str(repo), ".", ["tests/test_mod.py"]).encode(),
+                          input=plugin_input(key, ids, str(repo), ".", ["tests/test_mod.py"], trace="agentrl_trace_t",
+                                             tmp=str(tmp_path / "tmp")).encode(),
                           capture_output=True, env=suite_env(str(plug), str(tmp_path)))
     stream = proc.stdout.decode()
     return junit, read_channel(stream, key, ids, exit_code=proc.returncode), stream, proc.returncode
@@ -284,7 +287,9 @@ def test_the_verdict_plugin_reports_what_the_junit_report_says(tmp_path: Path) -
     assert junit["tests.test_mod::test_param[c::d]"] and not junit["tests.test_mod::test_teardown_error"]
     assert junit["tests.test_mod.Case::test_unit"] and not junit["tests.test_mod::test_setup_error"]
     assert "assert 3 == 4" in channel.messages["tests.test_mod::test_bad"]
-    assert stream.count("\n") == 2 + len(junit) + 2  # S, a line per expected test that ran or skipped, E
+    # S, per expected test that ran or skipped its value records (V) and its verdict (T), E
+    assert stream.count("\n") == 2 + 2 * (len(junit) + 2)
+    assert channel.traces["tests.test_mod::test_ok"][0][:3] == ["K", "tests/test_mod.py:6:11", "Eq"]
 
 
 @pytest.mark.parametrize(("extra", "reason"), [

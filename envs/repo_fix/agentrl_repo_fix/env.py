@@ -90,6 +90,8 @@ class RepoFixEnv(Env):
         self.cache = self.config.cache_dir or default_cache_dir()
         self._rows: list[dict[str, Any]] | None = None
         self._buggy: dict[str, trees.Tree] = {}  # per task id (derived data, not per-trajectory state)
+        self._original: dict[str, trees.Tree] = {}  # per task id: buggy + reference fix (what the judge trusts)
+        self._reference: dict[str, dict[str, list]] = {}  # per task id: the original's value records (judge.py)
         self.shells = ShellSessions()  # each sandbox's bash session (its pid: kept here, out of the policy's reach)
 
     # -- tasks
@@ -167,6 +169,13 @@ class RepoFixEnv(Env):
             raise ConfigError(f"repo_fix: {sdist} is missing: run `python -m agentrl_repo_fix prepare`")
         return trees.from_sdist(sdist)
 
+    def original(self, row: Any) -> trees.Tree:
+        """The tree whose behaviour the judge trusts: the buggy tree with the task's reference fix (for a built
+        task, the package as released). Grading takes its pytest configuration from here too."""
+        if row["id"] not in self._original:
+            self._original[row["id"]] = trees.apply_diff(self.buggy(row), row["reference_diff"])
+        return self._original[row["id"]]
+
     def buggy(self, row: Any) -> trees.Tree:
         if row["id"] not in self._buggy:
             self._buggy[row["id"]] = trees.apply_diff(self.pristine(row), row["bug_diff"])
@@ -186,6 +195,17 @@ class RepoFixEnv(Env):
         res = await sandbox.exec(["sh", "-c", script], timeout=SETUP_TIMEOUT_S, env=GIT_ENV)
         if res.exit_code != 0:
             raise RuntimeError(f"repo_fix setup of {task.id} failed: {(res.stderr or res.stdout)[-500:]}")
+        await self.reference(sandbox, task)
+
+    async def reference(self, sandbox: Sandbox, task: Task) -> dict[str, list]:
+        """What the task's tests compare on the original package (grading.reference_traces), run once per task and
+        kept: in setup(), before the policy acts (a failure there is infra), or else by grade() before the graded
+        run. The judge checks every graded pass against it."""
+        if task.id not in self._reference:
+            self._reference[task.id] = await grading.reference_traces(
+                sandbox, dict(task.data), self.original(task.data), self.sandbox_venv(sandbox, task.data),
+                timeout_s=self.config.grade_timeout_s)
+        return self._reference[task.id]
 
     async def call_tool(self, sandbox: Sandbox, call: ToolCall, *, task: Task) -> ToolResult:
         limit = self.config.output_chars
@@ -228,8 +248,10 @@ class RepoFixEnv(Env):
     async def grade(self, sandbox: Sandbox, task: Task, submission: Submission) -> TestReport:
         """In a fresh sandbox: unpack the graded tree into a new directory and run the recorded suite there."""
         graded, dropped = submission.payload
+        reference = await self.reference(sandbox, task)  # normally from setup(); else before any graded code here
         try:
             report = await grading.run_graded(sandbox, dict(task.data), graded, self.sandbox_venv(sandbox, task.data),
+                                              original=self.original(task.data), reference=reference,
                                               timeout_s=self.config.grade_timeout_s)
         except grading.PolicyBrokeRepo as exc:  # e.g. the kept changes fill the disk: its episode, scored 0
             return self.failed_report(task, str(exc))

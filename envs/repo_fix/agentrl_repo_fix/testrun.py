@@ -35,17 +35,48 @@ class SuiteResult:
 
 def pytest_argv(python: str, tests: list[str], report: str | None, *,
                 deselect: list[str] = (),  # type: ignore[assignment]
-                per_test_timeout_s: float = 20.0, plugin: str | None = None) -> list[str]:
+                per_test_timeout_s: float = 20.0, plugin: str | None = None,
+                grading: GradingPaths | None = None) -> list[str]:
     """The test command: no user site (-s), no bytecode written (-B), no cache dir, a per-test timeout. With
     `plugin` (grading): the verdict plugin of that module name loaded right after pytest_timeout, no JUnit report,
-    and -P (the working directory, the repository, is not put on sys.path before the plugin puts it there)."""
+    and -P (the working directory, the repository, is not put on sys.path before the plugin puts it there). With
+    `grading`: the grader's own ini file (`-c`: no configuration file of the graded tree is read), the repository
+    as explicit rootdir and conftest cut-off (no conftest above it), and a fixed basetemp."""
+    where = ["--rootdir=."] if grading is None else [
+        "-c", grading.ini, f"--rootdir={grading.repo}", f"--confcutdir={grading.repo}", f"--basetemp={grading.tmp}"]
     argv = [python, "-s", "-B", *(["-P"] if plugin else []), "-m", "pytest", "-q", "-p", "no:cacheprovider",
             "-p", "pytest_timeout", *(["-p", plugin] if plugin else []),
             f"--timeout={per_test_timeout_s:g}", "-o", "junit_family=xunit1", "-o", "addopts=",
-            *([f"--junitxml={report}"] if report else []), "--rootdir=."]
+            *([f"--junitxml={report}"] if report else []), *where]
     for test in deselect:
         argv += ["--deselect", test]
     return argv + list(tests)
+
+
+@dataclass(frozen=True)
+class GradingPaths:
+    """Where a graded run's configuration lives: the grader's ini (outside the repository), the repository, and
+    pytest's temporary directory."""
+
+    ini: str
+    repo: str
+    tmp: str
+
+
+# the files pytest reads its configuration from, in the order it prefers them in one directory
+INI_NAMES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+_INI_SECTIONS = {"pyproject.toml": b"[tool.pytest.ini_options]", "tox.ini": b"[pytest]", "setup.cfg": b"[tool:pytest]"}
+
+
+def grader_ini(original: dict[str, bytes]) -> tuple[str, bytes]:
+    """(file name, content) of the ini file grading passes with -c: the configuration file pytest would pick at the
+    root of the task's ORIGINAL tree (host data), else an empty pytest.ini. Whatever the graded tree holds under
+    any configuration name is never read."""
+    for name in INI_NAMES:
+        data = original.get(name)
+        if data is not None and (name not in _INI_SECTIONS or _INI_SECTIONS[name] in data):
+            return name, data
+    return "pytest.ini", b"[pytest]\n"
 
 
 def suite_env(pythonpath: str, home: str) -> dict[str, str]:
@@ -96,6 +127,7 @@ def node_id(test_id: str, files: set[str] | dict[str, bytes]) -> str:
 
 
 PLUGIN_SOURCE = Path(__file__).with_name("verdict_plugin.py")
+TRACE_SOURCE = Path(__file__).with_name("value_trace.py")
 
 
 @dataclass(frozen=True)
@@ -108,12 +140,14 @@ class ChannelResult:
     tampered: list[str] = field(default_factory=list)
     started: bool = True
     collect_errors: list[str] = field(default_factory=list)
+    traces: dict[str, list] = field(default_factory=dict)  # per expected test: value_trace's records
 
 
-def plugin_input(key: bytes, tests: list[str], repo: str, pythonpath: str, protected: list[str]) -> str:
+def plugin_input(key: bytes, tests: list[str], repo: str, pythonpath: str, protected: list[str], *,
+                 trace: str, tmp: str) -> str:
     """The plugin's configuration, sent on the test process's stdin (never in its argv, environment or a file)."""
     return json.dumps({"key": key.hex(), "tests": tests, "repo": repo, "pythonpath": pythonpath,
-                       "protected": protected})
+                       "protected": protected, "trace": trace, "tmp": tmp})
 
 
 def read_channel(stdout: str, key: bytes, tests: list[str], *, exit_code: int | None,
@@ -126,6 +160,7 @@ def read_channel(stdout: str, key: bytes, tests: list[str], *, exit_code: int | 
     passed: dict[str, bool] = {}
     messages: dict[str, str] = {}
     collect_errors: list[str] = []
+    traces: dict[str, list] = {}
     base = hmac.new(key, digestmod=hashlib.sha256)
     lines = stdout.split("\n")
     tail = lines.pop()  # "" when the stream ends with a newline
@@ -161,6 +196,8 @@ def read_channel(stdout: str, key: bytes, tests: list[str], *, exit_code: int | 
                 passed[test] = rec[2] == "p"
             if rec[2] == "f":
                 messages[test] = trim_message(rec[3] if len(rec) > 3 else "")
+        elif kind == "V":
+            traces[tests[rec[1]]] = rec[2]
         elif kind == "X":
             tampered.append(str(rec[1]))
         elif kind == "C":
@@ -173,4 +210,4 @@ def read_channel(stdout: str, key: bytes, tests: list[str], *, exit_code: int | 
         tampered.append("the test process ended before the grader's end line (os._exit, a crash or a kill)")
     elif exit_code != ended[2]:
         tampered.append(f"the test process exited {exit_code} after the grader saw exit status {ended[2]}")
-    return ChannelResult(passed, messages, tampered, collect_errors=collect_errors)
+    return ChannelResult(passed, messages, tampered, collect_errors=collect_errors, traces=traces)

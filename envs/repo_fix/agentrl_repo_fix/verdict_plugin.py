@@ -9,6 +9,10 @@ At import, before any file of the graded repository can be imported (the reposit
   - fingerprints the test machinery (every function, class and method of _pytest, pytest, pluggy, pytest_timeout,
     unittest, builtins and itself), wraps atexit.register and os._exit, then puts the repository on sys.path.
 
+It also has pytest's assertion rewriter pass test modules and conftests through value_trace (shipped beside it under
+a random name, part of the audited machinery): before each expected test's verdict line, a `V` line carries the
+records of what the test compared, for the judge on the host (judge.py).
+
 Each test's verdict leaves the process as the test finishes: one line per expected test (setup/call/teardown folded
 like the JUnit report: skipped if any phase skipped, else failed if any phase failed), each line
 `<seq>\t<json>\t<mac>` with a contiguous sequence number and an HMAC-SHA256 under the run's key. Before every line
@@ -26,6 +30,7 @@ import builtins
 import functools
 import hashlib
 import hmac
+import importlib
 import json
 import os
 import sys
@@ -46,6 +51,8 @@ PROTECTED = {os.path.join(REPO, p) for p in _CONF["protected"]}
 INDEX = {t: i for i, t in enumerate(_CONF["tests"])}
 # read-only to the graded code: the venv and the interpreter's own files (not this plugin's directory, which is
 # the graded uid's: only this file itself is trusted there)
+TRACE = importlib.import_module(_CONF["trace"])  # value_trace.py under its random name, beside this file
+TRACE.configure(REPO, _CONF["tmp"])
 TRUSTED = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sysconfig.get_paths()["stdlib"])})
 SELF = os.path.realpath(__file__)
 _state = {"seq": 0, "lines": 0, "ended": False, "exitstatus": None, "tampered": set(), "audit_s": 0.0}
@@ -113,7 +120,7 @@ def _functions_of(member: object) -> list[FunctionType]:
 
 def _harness_modules() -> dict[str, object]:
     return {n: m for n, m in list(sys.modules.items())
-            if m is not None and (n.split(".")[0] in HARNESS or n == __name__)}
+            if m is not None and (n.split(".")[0] in HARNESS or n in (__name__, TRACE.__name__))}
 
 
 Names = list[tuple[object, str, object, str]]
@@ -173,6 +180,17 @@ def _guarded_register(func, *args, **kwargs):  # type: ignore[no-untyped-def]
     return _real_register(func, *args, **kwargs)
 
 
+def _instrumenting_rewrite(mod, source, module_path=None, config=None):  # type: ignore[no-untyped-def]
+    """pytest's rewrite of a test module or conftest, then value_trace's: the test's checks leave records."""
+    _rewrite_asserts(mod, source, module_path, config)
+    rel = os.path.relpath(os.path.realpath(module_path), REPO) if module_path else "?"
+    TRACE.instrument(mod, rel, TRACE.__name__)
+
+
+import _pytest.assertion.rewrite as _rewrite  # noqa: E402 - imported by pytest already; patched before any test
+
+_rewrite_asserts = _rewrite.rewrite_asserts
+_rewrite.rewrite_asserts = _instrumenting_rewrite
 os._exit = _guarded_exit
 atexit.register = _guarded_register
 _MODULES: dict[str, object] = {}
@@ -263,9 +281,16 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _messages[report.nodeid] = report.longreprtext[-600:]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+    if _test_id(nodeid) in INDEX:
+        TRACE.begin()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_logfinish(nodeid: str, location: object) -> None:
     phases = _phases.pop(nodeid, [])
+    records = TRACE.take()
     _audit(_CONFIG[0] if _CONFIG else None)
     item = _ITEMS.get(nodeid)
     if item is not None and nodeid in _tests and _callable_fp(item) != _tests[nodeid]:
@@ -274,6 +299,7 @@ def pytest_runtest_logfinish(nodeid: str, location: object) -> None:
     if index is None:
         return
     outcome = "s" if "skipped" in phases else "f" if "failed" in phases else "p" if "passed" in phases else "f"
+    _emit(["V", index, records])  # what the test compared, for the judge on the host (judge.py)
     record: list = ["T", index, outcome]
     if outcome == "f":
         record.append(_messages.pop(nodeid, "no report")[-600:])
