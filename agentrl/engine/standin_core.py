@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 import logging
 import socket
 from dataclasses import dataclass
@@ -79,8 +80,9 @@ class StandInCore:
         "abort" and the tokens (and logprobs) generated before the abort, as the real servers return them. The
         engine's own error is raised."""
         partial: dict[str, Any] = {}
+        extra = {"partial": partial} if _takes_partial(self.engine) else {}  # LocalEngine; fakes may not
         entry = InFlight(request_id, asyncio.ensure_future(
-            self.engine.generate(ids, sampling, session_id=session, partial=partial)))
+            self.engine.generate(ids, sampling, session_id=session, **extra)))
         self._inflight[request_id] = entry
         try:
             await asyncio.wait({entry.task})
@@ -229,3 +231,11 @@ def _load_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
+
+
+def _takes_partial(engine: Any) -> bool:
+    """Whether `engine.generate` reports the tokens of an aborted call (the `partial` keyword of LocalEngine)."""
+    try:
+        return "partial" in inspect.signature(engine.generate).parameters
+    except (TypeError, ValueError):
+        return False
