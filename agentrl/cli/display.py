@@ -124,15 +124,3 @@ def summary_table(summary: dict[str, float], title: str = "rollout summary") -> 
             table.add_row(label, fmt.format(summary[key]))
     return table
 
-
-EXIT_UNSCORED = 3  # the run finished, but too much of it was lost to infrastructure: nothing it says can be trusted
-
-
-def unscored_verdict(what: str, infra: int, total: int, max_frac: float) -> str | None:
-    """The failure line of a run whose share of infra_error trajectories (never scored) is over `max_frac`, or
-    None. A run with every trajectory lost (the engine gone, no sandbox) always fails, whatever `max_frac`."""
-    if total == 0 or (infra <= max_frac * total and infra < total):
-        return None
-    return (f"error: {what}: {infra}/{total} trajectories ended infra_error (unscored; limit max_unscored_frac="
-            f"{max_frac:g}): the engine or the sandboxes failed, see the first infra error in the stored "
-            f"trajectories (agentrl stats / agentrl view); exit {EXIT_UNSCORED}")

@@ -24,9 +24,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agentrl.cli.display import EXIT_UNSCORED, unscored_verdict
 from agentrl.config import _deep_merge, load_config
 from agentrl.errors import ConfigError
+from agentrl.runner.guard import EXIT_UNSCORED, final_verdict
 
 
 def add_train_commands(sub: Any) -> None:
@@ -257,13 +257,13 @@ def _tracked_run(checkpoint: Path, resolved: Path) -> tuple[Path, int] | None:
     """(run dir, step) when `checkpoint` is a training run (or one of its checkpoints) that logged to experiment
     trackers: `agentrl eval` then adds its results to the same tracker runs. Checks the libraries up front."""
     from agentrl.trainer.resume import checkpoint_step
-    from agentrl.trainer.trackers import check_trackers, prepare_environment, read_state
+    from agentrl.trainer.trackers import check_trackers, prepare_environment, read_state, tracked_names
 
     step = checkpoint_step(resolved)
     for run_dir in (checkpoint, *checkpoint.parents[:3]):
         state = read_state(run_dir)
         if state and step is not None:
-            names = [name for name in state if isinstance(state[name], dict)]
+            names = tracked_names(state)
             check_trackers(names)
             prepare_environment(names, run_dir)
             return run_dir, step
@@ -275,10 +275,9 @@ def log_eval_to_trackers(run_dir: Path, step: int, out: Path, cfg: Any) -> None:
     baseline's as `eval_cli_baseline/...`) into the run's tracker runs (trackers.json)."""
     import json
 
-    from agentrl.trainer.trackers import TrackerSet, read_state
+    from agentrl.trainer.trackers import TrackerSet, read_state, tracked_names
 
-    state = read_state(run_dir)
-    names = [name for name in state if isinstance(state[name], dict)]
+    names = tracked_names(read_state(run_dir))
     with TrackerSet(run_dir, names, project=cfg.tracking.project, run_name=cfg.tracking.run_name) as trackers:
         for label, prefix in (("baseline", "eval_cli_baseline/"), ("candidate", "eval_cli/")):
             path = out / f"{label}.json"
@@ -411,4 +410,4 @@ def _eval_unscored(cfg: Any, results: dict[str, dict]) -> str | None:
     tasks = [t for r in results.values() for m in r["modes"].values() for t in m["tasks"].values()]
     infra = sum(int(t.get("infra_errors") or 0) for t in tasks)
     total = sum(len(t.get("rewards") or []) for t in tasks)
-    return unscored_verdict("eval", infra, total, cfg.max_unscored_frac)
+    return final_verdict("eval", infra, total, cfg.max_unscored_frac)

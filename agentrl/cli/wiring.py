@@ -19,12 +19,13 @@ from typing import Any
 
 from rich.console import Console
 
-from agentrl.cli.display import EXIT_UNSCORED, ProgressDisplay, summary_table, unscored_verdict
+from agentrl.cli.display import ProgressDisplay, summary_table
 from agentrl.cli.gc_policy import GcMonitor
 from agentrl.compose import RunParts, build_run, env_backend_options, make_pool, run_env, select_tasks
 from agentrl.config import RolloutConfig
 from agentrl.envs import Env, Task, get_env, lease_sandbox
 from agentrl.errors import ConfigError, InfraError
+from agentrl.runner.guard import EXIT_UNSCORED, final_verdict
 from agentrl.runner.lag import LoopLag
 from agentrl.store import TrajectoryStore, read_trajectories, summarize
 from agentrl.types import TestReport
@@ -76,7 +77,7 @@ async def run_rollout(cfg: RolloutConfig) -> int:
                   f"({lag['ticks']} ticks)")
     if cfg.summary_json:
         cfg.summary_json.write_text(json.dumps(summary, indent=2))
-    failed = unscored_verdict(f"rollout {cfg.out}", int(summary.get("infra_errors", 0)), len(all_trajs),
+    failed = final_verdict(f"rollout {cfg.out}", int(summary.get("infra_errors", 0)), len(all_trajs),
                               cfg.max_unscored_frac)
     if failed:
         print(failed, file=sys.stderr)  # one line, never wrapped: scripts grep it
@@ -259,7 +260,7 @@ async def _check_env(env: Env, progress: CheckProgress, *, solutions: Path | Non
                                          "outcomes": [o.model_dump() for o in r.outcomes],
                                          "signals": [sig.model_dump() for sig in r.signals]} for t, r in results],
                                        indent=1))
-    failed = unscored_verdict(f"envs check {env.name}", len(infra), len(results), max_unscored_frac)
+    failed = final_verdict(f"envs check {env.name}", len(infra), len(results), max_unscored_frac)
     if failed:
         print(failed, file=sys.stderr)
         return EXIT_UNSCORED

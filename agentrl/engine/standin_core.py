@@ -48,6 +48,7 @@ class StandInCore:
     def __init__(self, engine: Any, *, model_path: str | Path, validator: Any, worker_id: str, tokenizer: Any = None,
                  context_window: int | None = None, label: str = "default", max_log: int = 100_000) -> None:
         self.engine = engine
+        self._partial_of: tuple[Any, bool] = (None, False)  # (engine, takes partial=): read once per engine
         self.model_path = str(model_path)
         self.validator = validator
         self.worker_id = worker_id
@@ -80,7 +81,9 @@ class StandInCore:
         "abort" and the tokens (and logprobs) generated before the abort, as the real servers return them. The
         engine's own error is raised."""
         partial: dict[str, Any] = {}
-        extra = {"partial": partial} if _takes_partial(self.engine) else {}  # LocalEngine; fakes may not
+        if self._partial_of[0] is not self.engine:  # a test may swap the engine behind the server
+            self._partial_of = (self.engine, _takes_partial(self.engine))
+        extra = {"partial": partial} if self._partial_of[1] else {}  # LocalEngine; fakes may not
         entry = InFlight(request_id, asyncio.ensure_future(
             self.engine.generate(ids, sampling, session_id=session, **extra)))
         self._inflight[request_id] = entry
@@ -237,5 +240,5 @@ def _takes_partial(engine: Any) -> bool:
     """Whether `engine.generate` reports the tokens of an aborted call (the `partial` keyword of LocalEngine)."""
     try:
         return "partial" in inspect.signature(engine.generate).parameters
-    except (TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError):  # no engine (the echo mode), or no signature to read
         return False

@@ -6,6 +6,9 @@ tasks are the ones whose sandboxes time out). The guard counts finished trajecto
 `min_trajectories` are in and more than `max_frac` of them are infra_error. Only infra_error counts, and attribution
 (attribution.py) makes that a proven cause outside the policy's reach, so a policy cannot stop a run by failing:
 its failures are scored.
+
+`final_verdict` is the same rule applied once a run is over (rollout, eval, envs check): no minimum count, and a run
+whose every trajectory was lost always fails.
 """
 
 from __future__ import annotations
@@ -50,3 +53,16 @@ class UnscoredGuard:
 
     def summary(self) -> dict[str, object]:
         return {"infra_error_frac": round(self.frac, 4), "unscored_causes": dict(self.causes.most_common())}
+
+
+EXIT_UNSCORED = 3  # a finished run lost too much to infrastructure: nothing it reports can be trusted
+
+
+def final_verdict(what: str, infra: int, total: int, max_frac: float) -> str | None:
+    """The failure line of a finished run whose share of infra_error trajectories (never scored) is over
+    `max_frac`, or None. A run with every trajectory lost (the engine gone, no sandbox) always fails."""
+    if total == 0 or (infra <= max_frac * total and infra < total):
+        return None
+    return (f"error: {what}: {infra}/{total} trajectories ended infra_error (unscored; limit max_unscored_frac="
+            f"{max_frac:g}): the engine or the sandboxes failed, see the first infra error in the stored "
+            f"trajectories (agentrl stats / agentrl view); exit {EXIT_UNSCORED}")

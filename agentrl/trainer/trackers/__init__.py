@@ -77,6 +77,11 @@ def read_state(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
+def tracked_names(state: dict[str, Any]) -> list[str]:
+    """The trackers a run's trackers.json records a run of (its other keys are not trackers)."""
+    return [name for name, entry in state.items() if isinstance(entry, dict)]
+
+
 def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
     path = Path(run_dir) / STATE_FILE
     tmp = path.with_name(path.name + ".tmp")
@@ -192,5 +197,6 @@ class TrackerSet:
 
 def where(run_dir: Path) -> list[str]:
     """One line per tracker of a run: where it wrote and how to open it (from trackers.json)."""
-    return [f"{name}: {info.get('open') or info.get('sync') or info.get('dir')}"
-            for name, info in read_state(run_dir).items() if isinstance(info, dict)]
+    state = read_state(run_dir)
+    return [f"{name}: {state[name].get('open') or state[name].get('sync') or state[name].get('dir')}"
+            for name in tracked_names(state)]
