@@ -2393,6 +2393,9 @@ def _head_complete(buf: bytearray) -> bool:
 
 
 def _answer(conn: socket.socket, status: int, obj: "dict | Base64Body", keep: bool) -> None:
+    if STOPPING.is_set():  # SIGTERM: the shutdown kills the commands, and an answer now would report that death (a
+        conn.shutdown(socket.SHUT_RDWR)  # command "killed:9") as the command's own outcome; the host must see the
+        raise ConnectionAbortedError("the agent is stopping")  # connection drop, the sandbox's death, instead
     tail = "" if keep else "Connection: close\r\n"
     if isinstance(obj, Base64Body):
         head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
@@ -2728,7 +2731,11 @@ def _seconds(opts: dict[str, str], name: str, default: float) -> float:
     return seconds
 
 
+STOPPING = threading.Event()  # set by SIGTERM before the commands are killed: no answer leaves after it
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
+    STOPPING.set()
     raise SystemExit(0)
 
 

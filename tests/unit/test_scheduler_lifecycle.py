@@ -33,9 +33,14 @@ class ProbedPool(SimulatedPool):
         return await super().death_cause(sandbox)
 
 
-def scheduler(tok: Any, pool: SimulatedPool, *, group_size: int = 1, seed: int | None = None) -> Scheduler:
+def scheduler(tok: Any, pool: SimulatedPool, *, group_size: int = 1, seed: int | None = None,
+              timed: bool = True) -> Scheduler:
+    """`timed=False`: the engine's prefill and decode take no wall time (each generate is one `sleep(0)`), so a
+    trajectory's progress is counted in loop iterations alone, the same on a quiet machine as on a loaded one."""
     env = SimulatedEnv(tasks=4)
-    rollout = Rollout(env=env, engine=SimulatedEngine(tok, number_replies(), decode_s=0.0001),
+    engine = (SimulatedEngine(tok, number_replies(), decode_s=0.0001) if timed
+              else SimulatedEngine(tok, number_replies(), decode_s=0.0, prefill_s=0.0))
+    rollout = Rollout(env=env, engine=engine,
                       renderer=ChatRenderer(tok, env.tools),
                       sampling=SamplingParams(temperature=1.0, max_new_tokens=32, seed=3),
                       budgets=Budgets(max_turns=3, max_completion_tokens=400, context_window=2048))
@@ -79,8 +84,8 @@ def test_cancel_at_every_await_point_leaves_no_lease_or_slot(smollm2_tokenizer: 
 
     async def cancelled_after(n: int) -> tuple[bool, dict[str, int]]:
         pool = SimulatedPool(exec_p50_s=0.0, death_p=death_p, max_sandboxes=2)
-        sched = scheduler(smollm2_tokenizer, pool, group_size=2)
-        async with pool:
+        sched = scheduler(smollm2_tokenizer, pool, group_size=2, timed=False)  # wall-clock sleeps would make the
+        async with pool:                                                       # count of iterations depend on load
             handle = sched.submit(sched.rollout.env.tasks()[0])
             for _ in range(n):
                 await asyncio.sleep(0)
