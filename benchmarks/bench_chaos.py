@@ -76,8 +76,8 @@ from typing import Any
 from aiohttp import web
 
 from agentrl.engine.sglang import ROUTING_HEADER
-from agentrl.engine.sglang_contract import generate_validator
-from agentrl.engine.standin import StandIn, StandInServer
+from agentrl.engine.standin.sglang_contract import generate_validator
+from agentrl.engine.standin.sglang import StandIn, StandInServer
 from agentrl.envs import get_env
 from agentrl.runner.seeds import IdPlan
 from agentrl.testing.scripted import ScriptedEngine, hermes_call

@@ -5,6 +5,6 @@
     sandbox_attacks   the attacks a hostile policy runs against a sandbox's control plane, as reusable checks
     models            make_tiny_model, load_embedded_tokenizer (tiny real checkpoints)
 
-The stand-in SGLang / vLLM servers are `agentrl engine serve` (agentrl.engine.standin, agentrl.engine.vllm_standin).
+The stand-in SGLang / vLLM servers are `agentrl engine serve` (agentrl.engine.standin.sglang, agentrl.engine.standin.vllm).
 The project's own scaffolding (fake Kubernetes API and kubelet, fault-injecting servers) lives under tests/.
 """

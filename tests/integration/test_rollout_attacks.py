@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from sglang_support import contract_validator
 
-from agentrl.engine.standin import StandIn, StandInServer
+from agentrl.engine.standin.sglang import StandIn, StandInServer
 from agentrl.testing.scripted import ScriptedEngine
 
 ENTRY = "add"  # easy/add: add(a, b) -> a + b
