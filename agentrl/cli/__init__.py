@@ -1,5 +1,6 @@
-"""The `agentrl` command line. The `agentrl.cli` package is the only place that wires components together
-(`wiring.py`); `display.py` draws progress and summaries. Nothing imports it.
+"""The `agentrl` command line: parses each command and runs it. A run's parts are built by the composition root
+(`agentrl.compose`), which only this package imports; the commands run them (`wiring.py`: rollout, envs check,
+sandbox gc; `train.py`: train and eval) and `display.py` draws progress and summaries. Nothing imports the CLI.
 
     agentrl rollout --env code_tests --tasks N --group-size G --max-turns T --out FILE [--config FILE.yaml] ...
     agentrl envs list
@@ -142,14 +143,14 @@ def _cmd_sandbox_gc(a: argparse.Namespace) -> int:
 
 def _cmd_engine_serve(a: argparse.Namespace) -> int:
     if a.api == "vllm":
-        from agentrl.engine.vllm_standin import serve as serve_vllm
+        from agentrl.engine.standin.vllm import serve as serve_vllm
 
         if a.echo or a.weight_version != "default":
             raise ConfigError("engine serve --api vllm: --echo and --weight-version are SGLang stand-in options")
         return _run_cancellable(serve_vllm(a.model, host=a.host, port=a.port, worker_id=a.worker_id,
                                            max_batch_size=a.max_batch_size, context_window=a.context_window,
                                            seed=a.seed))
-    from agentrl.engine.standin import serve
+    from agentrl.engine.standin.sglang import serve
 
     return _run_cancellable(serve(a.model, host=a.host, port=a.port, worker_id=a.worker_id,
                                   max_batch_size=a.max_batch_size, context_window=a.context_window, seed=a.seed,

@@ -2,7 +2,7 @@
 
 Public API: `SandboxPool` (leases), `Sandbox` (the handle a trajectory holds), `SandboxSpec`, `ExecResult`,
 `SandboxPathError`, `SandboxFileError`, `SandboxSurvivorsError`, the `SandboxBackend` protocol and `make_backend`. Backends live in `local.py`
-(bubblewrap), `docker.py`, `kubernetes.py`; the in-sandbox agent in `agent.py` (stdlib only, never imported by the
+(bubblewrap), `docker.py` and the package `kubernetes/`; the in-sandbox agent in `agent.py` (stdlib only, never imported by the
 host side except for its constants).
 """
 

@@ -2,7 +2,7 @@
 
 For clusters that run the Kubernetes SIG agent-sandbox controller (CRDs SandboxTemplate / SandboxWarmPool /
 SandboxClaim in extensions.agents.x-k8s.io, Sandbox in agents.x-k8s.io). Owns: keeping a SandboxTemplate (the same
-pod spec the `pods` plane creates, see `k8s_pods.py`) and a SandboxWarmPool (`replicas: warm`) named after the pool
+pod spec the `pods` plane creates, see `pods.py`) and a SandboxWarmPool (`replicas: warm`) named after the pool
 in sync with the config; creating a claim against the warm pool (labels for owner and run, `lifecycle.shutdownTime`
 = now + ttl_s with shutdownPolicy Delete, so an abandoned claim dies on its own); waiting through a watch on claims
 until the claim is Ready with a pod IP; reading the bound Sandbox's pod name (annotation

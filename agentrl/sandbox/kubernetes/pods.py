@@ -3,7 +3,7 @@
 Owns: the pod (and its agent ConfigMap / key Secret) the `kubernetes` backend creates, with the security defaults
 enforced whatever the user's pod template says; the labels and annotations that carry pool, state, owner and run;
 the per-sandbox bearer token; predicates over pod objects (running, ready, dead, age); and the sweep rule.
-Does not own API calls (`k8s_api.py`) or when to create, claim or delete (`k8s_pool.py`).
+Does not own API calls (`api.py`) or when to create, claim or delete (`pool.py`).
 
 One sandbox pod:
 

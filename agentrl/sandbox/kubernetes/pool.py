@@ -2,8 +2,8 @@
 
 Owns: claiming a ready warm pod by a conditional update, creating pods (cold, or to refill the pool) with retries,
 waiting for them through the watch, recycling warm pods that idled too long, deleting, and sweeping orphans.
-Does not own: the pod manifest and state rules (`k8s_pods.py`), API I/O (`k8s_api.py`), agent tokens and health
-(`kubernetes.py`).
+Does not own: the pod manifest and state rules (`pods.py`), API I/O (`api.py`), agent tokens and health
+(`backend.py`).
 
 The pool is the set of pods labelled `agentrl.io/pool=<pool>, agentrl.io/state=warm` in the namespace, whoever
 created them; every worker watches it (one list+watch) and:
