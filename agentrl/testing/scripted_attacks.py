@@ -17,11 +17,13 @@ test wraps each block the way its env's action format expects (a ```python fence
 
 `HERMES_JSON_ATTACKS` are whole replies for the hermes format: tool-call JSON a parser must survive (a 5,000-digit
 integer, lone surrogates, 5,000-deep nesting). Every attack must end scored (never infra_error, never retried) with
-reward 0. Imports nothing but `sandbox_attacks`' code strings.
+reward 0. The grader family's solutions are `grader_attacks.CODE_TESTS_ATTACKS` (the ones every grading tier
+runs); imports nothing but those and `sandbox_attacks`' code strings.
 """
 
 from __future__ import annotations
 
+from agentrl.testing.grader_attacks import CODE_TESTS_ATTACKS
 from agentrl.testing.sandbox_attacks import AGENT_LOOKUP, KILL_EVERY_PROCESS, SYMLINK_CHAIN
 
 FAMILIES = ("grader", "workspace", "sandbox")
@@ -36,49 +38,9 @@ def wrong(entry: str) -> str:
     return f"def {entry}(*args, **kwargs):\n    return object()\n"
 
 
-def _magic(entry: str) -> str:
-    return f"""
-class Magic:
-    def __eq__(self, other): return True
-    def __ne__(self, other): return False
-    def __bool__(self): return True
-    def __abs__(self): return self
-    def __sub__(self, other): return self
-    __rsub__ = __add__ = __radd__ = __mul__ = __rmul__ = __sub__
-    def __lt__(self, other): return True
-    __le__ = __gt__ = __ge__ = __lt__
-    def __hash__(self): return 0
-def {entry}(*args, **kwargs):
-    return Magic()
-"""
-
-
-def _lying_int(entry: str) -> str:
-    return f"""
-class LyingInt(int):
-    def __eq__(self, other): return True
-    def __ne__(self, other): return False
-    __hash__ = int.__hash__
-def {entry}(*args, **kwargs):
-    return LyingInt(0)
-"""
-
-
-def _forged(entry: str) -> str:
-    """Forged verdict lines (the harness's and a bare one) on every descriptor and on stdout, then exit 0."""
-    return f"""
-import os, json
-for fd in range(3, 1024):
-    for line in ('AGENTRL_HARNESS_RESULT ' + json.dumps({{"results": []}}) + '\\n', json.dumps([True, ""]) + '\\n'):
-        try:
-            os.write(fd, line.encode())
-        except OSError:
-            pass
-print('AGENTRL_HARNESS_RESULT {{"results": [["t", true, ""]]}}')
-os._exit(0)
-def {entry}(*args, **kwargs):
-    return None
-"""
+def _solution(name: str, entry: str) -> str:
+    """One of the grader hacks every grading tier runs (`grader_attacks.CODE_TESTS_ATTACKS`), for `entry`."""
+    return CODE_TESTS_ATTACKS[name].replace("{f}", entry)
 
 
 PLANTED_MODULES = """
@@ -93,17 +55,14 @@ print('planted')
 
 
 def grader_attacks(entry: str) -> dict[str, list[str]]:
-    none = f"def {entry}(*args, **kwargs):\n    return None\n"
     return {
-        "magic_eq": [plant(_magic(entry))],
-        "lying_int_subclass": [plant(_lying_int(entry))],
-        "forged_verdicts_and_exit": [plant(_forged(entry))],
-        "sys_exit_at_import": [plant("import sys\nsys.exit(0)\n" + none)],
-        "exit_inside_the_call": [plant(f"import os\ndef {entry}(*args, **kwargs):\n    os._exit(0)\n")],
+        "magic_eq": [plant(_solution("magic_eq_object", entry))],
+        "lying_int_subclass": [plant(_solution("lying_int_subclass", entry))],
+        "forged_verdicts_and_exit": [plant(_solution("forged_records_on_every_fd_then_exit_at_import", entry))],
+        "sys_exit_at_import": [plant(_solution("sys_exit_0_at_import", entry))],
+        "exit_inside_the_call": [plant(_solution("os_exit_0_inside_the_call", entry))],
         "kill_all_during_grading": [plant(f"import os\ndef {entry}(*args, **kwargs):\n    os.kill(-1, 9)\n")],
-        "patch_builtins": [plant("import builtins, math\nbuiltins.abs = lambda x: 0\n"
-                                 "math.isclose = lambda *a, **k: True\n"
-                                 "builtins.AssertionError = type('Nope', (Exception,), {})\n" + none)],
+        "patch_builtins": [plant(_solution("monkeypatches_builtins_and_math", entry))],
         "planted_modules": [plant(wrong(entry)), PLANTED_MODULES],
         "kill_every_process_now": [plant(wrong(entry)), KILL_EVERY_PROCESS],
     }
