@@ -109,8 +109,8 @@ def _parse_kv(kv: str) -> tuple[str, Any]:
 
 
 def _cmd_rollout(a: argparse.Namespace) -> int:
-    from agentrl.config import RolloutConfig, load_config
     from agentrl.cli.wiring import run_rollout
+    from agentrl.config import RolloutConfig, load_config
 
     cfg = load_config(RolloutConfig, a.config, _overrides(a))
     return _run_cancellable(run_rollout(cfg))
@@ -200,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rollout", help="run G samples of each task and store the trajectories")
     _add_rollout_args(p)
     p.set_defaults(func=_cmd_rollout)
-    envs = sub.add_parser("envs", help="list, create or check environments").add_subparsers(dest="envs_cmd", required=True)
+    envs = sub.add_parser("envs", help="list, create or check environments").add_subparsers(dest="envs_cmd",
+                                                                                          required=True)
     envs.add_parser("list", help="registered environments").set_defaults(func=_cmd_envs_list)
     add_envs_init(envs)
     c = envs.add_parser("check", help="run reference (or given) solutions through the real sandbox path")

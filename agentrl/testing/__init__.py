@@ -7,7 +7,8 @@
                       tool-call JSON), for scripted rollouts: the rollout attack test, the chaos tier and benchmark
     models            make_tiny_model, load_embedded_tokenizer (tiny real checkpoints)
 
-The stand-in SGLang / vLLM servers are `agentrl engine serve` (agentrl.engine.standin.sglang, agentrl.engine.standin.vllm).
+The stand-in SGLang / vLLM servers are `agentrl engine serve` (agentrl.engine.standin.sglang,
+agentrl.engine.standin.vllm).
 The project's own scaffolding (fake Kubernetes API and kubelet, fault-injecting servers, the chaos harness) lives
 under tests/.
 """

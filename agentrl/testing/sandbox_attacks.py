@@ -118,7 +118,8 @@ async def attack_signal_the_agent(sb: Sandbox) -> None:
     for sig in ("KILL", "STOP", "TERM"):
         r = await sb.exec(f"kill -{sig} {pid}")
         assert r.exit_code != 0 and "not permitted" in r.stderr.lower(), (sig, r)
-    r = await sb.exec(["python3", "-c", f"import os\ntry:\n os.kill({pid}, 9)\nexcept PermissionError:\n print('EPERM')"])
+    kill = f"import os\ntry:\n os.kill({pid}, 9)\nexcept PermissionError:\n print('EPERM')"
+    r = await sb.exec(["python3", "-c", kill])
     assert r.stdout.strip() == "EPERM", r
     await still_serves(sb)
 

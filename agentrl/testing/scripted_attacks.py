@@ -69,7 +69,8 @@ def grader_attacks(entry: str) -> dict[str, list[str]]:
 
 
 # the control plane's symlink chain and loop (sandbox_attacks.attack_unresolvable_paths), with solution.py its end
-SOLUTION_SYMLINK_CHAIN = SYMLINK_CHAIN + "os.remove('solution.py')\nos.symlink('chain/1199', 'solution.py')\nprint('chain')"
+SOLUTION_SYMLINK_CHAIN = (SYMLINK_CHAIN + "os.remove('solution.py')\nos.symlink('chain/1199', 'solution.py')\n"
+                          "print('chain')")
 
 
 def workspace_attacks(entry: str) -> dict[str, list[str]]:

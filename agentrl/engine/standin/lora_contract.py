@@ -92,7 +92,7 @@ def _sglang_real(files: dict[str, Path]) -> ControlValidator:
 @functools.lru_cache(maxsize=8)  # every stand-in loads it; parsing io_struct.py takes a while
 def _sglang_loaded(io_struct: Path, msgspec_utils: Path, root: Path) -> ControlValidator:
     _need("msgspec", "pydantic", "pydantic_core")
-    utils = _load_module("agentrl_sglang_msgspec_utils", msgspec_utils.read_text(), str(msgspec_utils))
+    _load_module("agentrl_sglang_msgspec_utils", msgspec_utils.read_text(), str(msgspec_utils))
     source = "\n".join([
         "from __future__ import annotations", "from typing import Any, Dict, List, Optional, Union", "import msgspec",
         "from agentrl_sglang_msgspec_utils import msgspec_struct_pydantic_core_schema",

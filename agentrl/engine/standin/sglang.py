@@ -41,9 +41,9 @@ from typing import Any
 
 from aiohttp import web
 
+from agentrl.engine.standin.core import StandInCore, StandInServer, json_object, serve_face
 from agentrl.engine.standin.lora_contract import ControlValidator, sglang_control_validator
 from agentrl.engine.standin.sglang_contract import SGLANG_VERSION, GenerateValidator, generate_validator
-from agentrl.engine.standin.core import StandInCore, StandInServer, json_object, serve_face
 from agentrl.errors import ConfigError
 from agentrl.types import Generation, SamplingParams
 

@@ -17,7 +17,8 @@ Where the sources come from, first hit wins:
 
     $AGENTRL_VLLM_CONTRACT                a directory holding `vllm/...` (e.g. an unpacked wheel)
     an installed `vllm` distribution      located with importlib (not imported)
-    <cache>/vllm/0.33.0/                  written by `fetch_contract()` (`python -m agentrl.engine.standin.vllm_contract fetch`)
+    <cache>/vllm/0.33.0/                  written by `fetch_contract()` (`python -m
+    agentrl.engine.standin.vllm_contract fetch`)
 
 vLLM's gate, reproduced by `CompletionValidator.check(body)` (None when admitted, else (status, message)):
     1. FastAPI parses the body into `CompletionRequest`: a pydantic error is HTTP 400 "N validation error(s): ...".

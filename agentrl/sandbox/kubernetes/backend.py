@@ -52,9 +52,11 @@ from agentrl.sandbox.kubernetes.pods import (
     agent_configmap,
     agent_configmap_name,
     check_template,
-    death_cause as pod_death_cause,
     derive_token,
     key_secret,
+)
+from agentrl.sandbox.kubernetes.pods import (
+    death_cause as pod_death_cause,
 )
 
 log = logging.getLogger("agentrl.sandbox")

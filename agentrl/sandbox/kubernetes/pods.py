@@ -22,7 +22,8 @@ One sandbox pod:
         no service links, restartPolicy Never, activeDeadlineSeconds as TTL, runAsNonRoot with uid/gid 65534 by
         default (also the pause container's: the pod's pid 1 is no process of the command user), seccomp
         RuntimeDefault but for the sandbox container (Unconfined: agentrl's own syscall policy, installed by the
-        spawner on every command, is the only one there, so each refused probe is counted), no fsGroup; every container: no privilege escalation, read-only root filesystem, all
+        spawner on every command, is the only one there, so each refused probe is counted), no fsGroup; every
+        container: no privilege escalation, read-only root filesystem, all
         capabilities dropped but those named, resources requests == limits
 
 Why two containers: resource separation. The commands' memory, CPU and disk limits are the sandbox container's, so
@@ -57,7 +58,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from agentrl.errors import ConfigError
@@ -141,7 +142,7 @@ def cpu_quantity(cpus: float) -> str:
 def parse_time(text: str | None) -> float | None:
     if not text:
         return None
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
 # ------------------------------------------------------------------ who owns a pod
@@ -169,7 +170,7 @@ class Owner:
     pod_uid: str | None = None
 
     @classmethod
-    def from_env(cls, session: str) -> "Owner":
+    def from_env(cls, session: str) -> Owner:
         """In a pod, `host` names the pod, not the host name: a hostNetwork pod shares the node's host name while its
         pids are its own, so a process on the node must never judge our pid (owner_process_dead) as one of its own."""
         pid = os.getpid()

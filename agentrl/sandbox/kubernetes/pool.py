@@ -37,10 +37,36 @@ from typing import Any
 from agentrl.errors import SandboxStartError
 from agentrl.sandbox.base import SandboxSpec
 from agentrl.sandbox.kubernetes.api import MERGE_PATCH, ApiError, Informer, KubeApi, retrying
-from agentrl.sandbox.kubernetes.pods import (A_LABELS, A_NONCE, A_POD, CLAIMED, L_CREATOR, L_OWNER_UID, L_POOL,
-                                             L_ROLE, L_RUN, L_SPEC, L_STATE, MANAGED, MANAGED_BY, ROLE, WARM, Obj,
-                                             Owner, PodOptions, age_s, base_labels, death_reason, is_ready,
-                                             is_running, pod_manifest, pod_spec, run_id_of, should_remove, spec_hash)
+from agentrl.sandbox.kubernetes.pods import (
+    A_LABELS,
+    A_NONCE,
+    A_POD,
+    CLAIMED,
+    L_CREATOR,
+    L_OWNER_UID,
+    L_POOL,
+    L_ROLE,
+    L_RUN,
+    L_SPEC,
+    L_STATE,
+    MANAGED,
+    MANAGED_BY,
+    ROLE,
+    WARM,
+    Obj,
+    Owner,
+    PodOptions,
+    age_s,
+    base_labels,
+    death_reason,
+    is_ready,
+    is_running,
+    pod_manifest,
+    pod_spec,
+    run_id_of,
+    should_remove,
+    spec_hash,
+)
 
 log = logging.getLogger("agentrl.sandbox")
 RECYCLE_EVERY_S = 5.0
