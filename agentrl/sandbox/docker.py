@@ -67,7 +67,6 @@ import logging
 import os
 import secrets
 import shutil
-import socket
 import stat
 import tempfile
 import time
@@ -88,6 +87,7 @@ from agentrl.sandbox import limits
 from agentrl.sandbox.agent import RELAY_SOURCE
 from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
 from agentrl.sandbox.client import probe_health
+from agentrl.sandbox.ownership import OwnerRecord, owner_gone
 
 try:
     import docker
@@ -135,27 +135,9 @@ STALE_DIR_S = 300.0  # a socket dir with no container is removed by sweep() only
 SEPARATIONS = ("auto", "cgroups", "containers", "off")
 
 
-def _host_id() -> str:
-    return socket.gethostname()
-
-
-def _proc_start(pid: int) -> str | None:
-    """Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat); None when there is no such pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    return text.rpartition(")")[2].split()[19]
-
-
 def _owner_dead(labels: dict[str, str], host: str) -> bool:
-    """True when the container's owner process was on this host and is gone (or its pid now names another
-    process). Owners on other hosts are never judged dead here: only their TTL removes them."""
-    if labels.get(L_HOST) != host or not labels.get(L_PID, "").isdigit():
-        return False
-    start = _proc_start(int(labels[L_PID]))
-    return start is None or start != labels.get(L_START, start)
+    """The container's owner ran on this host and is gone (ownership.owner_gone); other hosts' owners: TTL only."""
+    return owner_gone(labels.get(L_HOST), labels.get(L_PID, ""), labels.get(L_START), here=host)
 
 
 def _expired(labels: dict[str, str], now: float) -> bool:
@@ -276,9 +258,8 @@ class DockerBackend:
         self._api_lock = asyncio.Lock()
         self._live: dict[str, SandboxHandle] = {}  # created by this object and not destroyed yet
         self._unremoved: set[str] = set()  # names in _live whose removal failed (dockerd down): retried later
-        self._host = _host_id()
-        self._pid = os.getpid()
-        self._pid_start = _proc_start(self._pid) or ""
+        owner = OwnerRecord.here()
+        self._host, self._pid, self._pid_start = owner.host, owner.pid, owner.start
         self._root_host = os.geteuid() == 0
         # who owns the workspace and runs commands: 1000 when separated from the (root) agent, else the host user
         self._command_user = f"{SANDBOX_UID}:{SANDBOX_UID}" if self._root_host else f"{os.geteuid()}:{os.getegid()}"

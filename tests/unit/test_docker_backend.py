@@ -14,7 +14,8 @@ docker = pytest.importorskip("docker")
 
 from agentrl.sandbox import SandboxHandle, SandboxSpec
 from agentrl.sandbox.base import AgentEndpoint
-from agentrl.sandbox.docker import DockerBackend, _proc_start, should_remove
+from agentrl.sandbox.docker import DockerBackend, should_remove
+from agentrl.sandbox.ownership import process_start
 
 HOST = "this-host"
 NOW = 1_000_000.0
@@ -22,7 +23,7 @@ NOW = 1_000_000.0
 
 def _labels(**over: str) -> dict[str, str]:
     base = {"agentrl.owner": "agentrl", "agentrl.run_id": "r1", "agentrl.owner_host": HOST,
-            "agentrl.owner_pid": str(os.getpid()), "agentrl.owner_start": _proc_start(os.getpid()) or "",
+            "agentrl.owner_pid": str(os.getpid()), "agentrl.owner_start": str(process_start(os.getpid()) or ""),
             "agentrl.created_at": str(NOW - 10), "agentrl.ttl_s": "3600"}
     return {**base, **over}
 
