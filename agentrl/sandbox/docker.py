@@ -35,8 +35,9 @@ live there with only the agent's pids limit; the sandbox's cgroup directories ar
 (root-owned files: commands, uid 1000, cannot write them) and the agent starts every command in `commands`
 (`--cgroups v1:...`) and kills through it. A command filling memory, pids or CPU then hits only its own limits: the
 kernel's OOM killer picks inside `commands`, never the agent. Two containers (any engine the host side is root
-of: cgroup v2, the systemd driver): the agent's container (its own 0.25 CPU, 256 MiB, pids) and `<name>-cmd`, the
-commands' container with the spec's limits, in the agent container's pid, ipc and network namespaces, both mounting
+of: cgroup v2, the systemd driver): the agent's container (its own 0.25 CPU, pids, and 256 MiB plus room for every
+tmpfs volume it writes into: `agent_container_memory`) and `<name>-cmd`, the commands' container with the spec's
+limits, in the agent container's pid, ipc and network namespaces, both mounting
 the same tmpfs volumes (`<name>-vN`: /agentrl, /workspace, /tmp, the writable dirs); its main process is the relay
 (agent.py RELAY_SOURCE: root with SETUID / SETGID only), which starts the agent's command spawner there, as on
 Kubernetes. A non-root host side gets neither: the container's limits cover the agent and its commands together
@@ -106,7 +107,8 @@ L_CGROUPS = "agentrl.cgroups"  # the sandbox's host cgroup directories (resource
 # its role ("commands"); on both containers, the ":"-joined volume names (their presence marks the layout)
 L_SANDBOX, L_ROLE, L_VOLUMES = "agentrl.sandbox", "agentrl.role", "agentrl.volumes"
 COMMANDS_SUFFIX = "-cmd"  # two containers: the commands' container is named <sandbox>-cmd
-AGENT_CONTAINER_CPUS, AGENT_CONTAINER_MEMORY = 0.25, 256 << 20  # two containers: the agent's own budget
+AGENT_CONTAINER_CPUS, AGENT_CONTAINER_MEMORY = 0.25, 256 << 20  # two containers: the agent's own working set
+AGENT_DIR_BYTES = 64 << 20  # the /agentrl tmpfs (agent.py bound inside, judge-python copied by root)
 CGROUP_MOUNT = "/agentrl-cgroup"  # where they appear in the container: /agentrl-cgroup/0, /1, ...
 AGENT_DIR = "/agentrl"
 AGENT_PATH = f"{AGENT_DIR}/agent.py"
@@ -198,6 +200,16 @@ def container_death_cause(state: dict[str, Any] | None, *, uid_separated: bool =
         # down (it still answers inspect for a moment then: the cause is seen before the engine goes away)
         return "killed:15"
     return f"signal:{code - 128}" if code > 128 else f"exited:{code}"
+
+
+def agent_container_memory(spec: SandboxSpec) -> int:
+    """The agent's container's memory limit (two containers): its own working set, AGENT_CONTAINER_MEMORY (flat:
+    files cross the agent FILE_CHUNK at a time), plus every byte of the tmpfs volumes it writes into (/agentrl, the
+    workspace and each writable dir). A tmpfs page is charged to the cgroup of the process that writes it and,
+    without swap, cannot be reclaimed: the files the agent writes for the host (an edit, a grading tree) stay on its
+    bill until removed. With room for all of them, a full volume answers ENOSPC (the policy's doing, scored) before
+    the agent's container could run out of memory, so data can never OOM-kill the agent."""
+    return AGENT_CONTAINER_MEMORY + AGENT_DIR_BYTES + spec.disk_bytes * (1 + len(spec.writable_dirs))
 
 
 def _commands_container(handle: SandboxHandle) -> str | None:
@@ -399,7 +411,8 @@ class DockerBackend:
         driver (sized like the single container's tmpfs mounts), labelled for sweep() and removed by destroy()."""
         uid, gid = self._command_user.split(":")
         owned = f"size={spec.disk_bytes},uid={uid},gid={gid},mode=0755"
-        wanted = {AGENT_DIR: "size=64m,mode=0755", WORKSPACE: owned, "/tmp": f"size={spec.disk_bytes},mode=1777",
+        wanted = {AGENT_DIR: f"size={AGENT_DIR_BYTES},mode=0755", WORKSPACE: owned,
+                  "/tmp": f"size={spec.disk_bytes},mode=1777",
                   **{d: owned for d in spec.writable_dirs}}
         labels = {L_OWNER: OWNER, L_SANDBOX: handle.id, L_RUN: handle.labels.get(L_RUN, "")}
         out: dict[str, str] = {}
@@ -497,8 +510,9 @@ class DockerBackend:
         if plan is not None:
             resources, extra_binds, agent_args = self._separated_config(plan)
         elif volumes is not None:
-            resources = {"nano_cpus": int(AGENT_CONTAINER_CPUS * 1e9), "mem_limit": AGENT_CONTAINER_MEMORY,
-                         "memswap_limit": AGENT_CONTAINER_MEMORY, "pids_limit": limits.AGENT_PIDS,
+            memory = agent_container_memory(spec)
+            resources = {"nano_cpus": int(AGENT_CONTAINER_CPUS * 1e9), "mem_limit": memory,
+                         "memswap_limit": memory, "pids_limit": limits.AGENT_PIDS,
                          "ipc_mode": "shareable"}  # the commands' container joins it: one SysV namespace to clean
             extra_binds = {vol: {"bind": path, "mode": "rw"} for path, vol in volumes.items()}
             agent_args = ["--relay", _relay_name(handle.id)]
@@ -508,7 +522,7 @@ class DockerBackend:
             extra_binds, agent_args = {}, []
         tmpfs = {} if volumes is not None else {
             WORKSPACE: tmpfs_opts, "/tmp": f"size={spec.disk_bytes},mode=1777,exec",
-            AGENT_DIR: "size=64m,mode=0755,exec",  # root's: agent.py is bound inside, judge-python copied
+            AGENT_DIR: f"size={AGENT_DIR_BYTES},mode=0755,exec",  # root's: agent.py bound inside, judge-python copied
             **{d: tmpfs_opts for d in spec.writable_dirs}}  # e.g. /repo: owned by the command user
         host_config = api.create_host_config(
             binds={str(self._agent_file): {"bind": AGENT_PATH, "mode": "ro"},
