@@ -383,8 +383,8 @@ class Sandbox:
         del raw[-1:]  # the status byte (shrinking a bytearray at its end copies nothing)
         return raw  # type: ignore[return-value]  # a bytearray: bytes' methods, no copy of a file of any size
 
-    async def read_file(self, path: str) -> str:
-        return (await self.read_bytes(path)).decode("utf-8", "replace")
+    async def read_file(self, path: str, *, limit: int = READ_LIMIT) -> str:
+        return (await self.read_bytes(path, limit=limit)).decode("utf-8", "replace")
 
     async def health(self) -> bool:
         """True when the agent answers; never raises for a dead agent."""
