@@ -84,7 +84,7 @@ from agentrl.errors import (
 )
 from agentrl.sandbox import limits
 from agentrl.sandbox.agent import RELAY_SOURCE
-from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
+from agentrl.sandbox.base import SIGKILL_UNPROVEN, AgentEndpoint, SandboxHandle, SandboxSpec
 from agentrl.sandbox.client import probe_health
 
 try:
@@ -178,9 +178,17 @@ def should_remove(labels: dict[str, str], *, now: float, host: str, run_id: str 
 DEATH_SETTLE_S = 3.0  # how long death_cause waits for dockerd to record an exit it has not seen yet
 
 
-def container_death_cause(state: dict[str, Any] | None, *, uid_separated: bool = False) -> str | None:
+def container_death_cause(state: dict[str, Any] | None, *, uid_separated: bool = False,
+                          engine_kill: bool = False) -> str | None:
     """The death cause of a container from its inspect State (None: no such container). `uid_separated`: the
-    commands run under another uid than the agent (root host), so they cannot signal it. Pure, unit-tested."""
+    commands run under another uid than the agent (root host), so they cannot signal it. `engine_kill`: the
+    engine's events show a SIGKILL sent through its API (`docker kill`, `docker stop` past its grace, `docker rm
+    -f`) and no OOM. Pure, unit-tested.
+
+    A SIGKILL exit without OOMKilled is an outside kill only with that positive record: the OOMKilled flag is the
+    runtime's report, which some runtimes never make (gVisor) and which a kill of a process other than the
+    container's main one may not set, so its absence proves nothing, and an agent the OOM killer took must never
+    read as killed from outside (an unscored dodge). Without the record: SIGKILL_UNPROVEN, charged to the policy."""
     if state is None or state.get("Status") in ("removing", "dead"):
         return "deleted"
     if state.get("Running") or state.get("Status") in ("created", "restarting", "paused"):
@@ -189,11 +197,11 @@ def container_death_cause(state: dict[str, Any] | None, *, uid_separated: bool =
     if state.get("OOMKilled") and code in (137, -9):
         return "oom"
     if code in (137, -9) and uid_separated:
-        # SIGKILL of pid 1 (docker-init) or of the agent (root in the container), and not the container's OOM
-        # killer: nothing inside can send it (pid 1 ignores signals from its own namespace; the commands run as
-        # another uid under no-new-privileges), so it came from outside: `docker kill`, the host, an admin. Without
-        # uid separation a command can SIGKILL its own agent (docker-init then exits 137): no proof, signal:9
-        return "killed:9"
+        # SIGKILL of pid 1 (docker-init) or of the agent (root in the container): nothing inside can send it (pid 1
+        # ignores signals from its own namespace; the commands run as another uid under no-new-privileges), so it
+        # came from outside through the engine (its kill event) or from the kernel's OOM killer, which the engine
+        # may not have flagged. Without uid separation a command can SIGKILL its own agent: no proof, signal:9
+        return "killed:9" if engine_kill else SIGKILL_UNPROVEN
     if code == 0 and uid_separated:
         # the agent ends with status 0 only on SIGTERM (its handler cleans up and exits 0), which docker-init passes
         # on from outside and no command can send it: `docker stop`, or dockerd stopping every container as it shuts
@@ -604,8 +612,9 @@ class DockerBackend:
 
     async def death_cause(self, handle: SandboxHandle) -> str | None:
         """From docker inspect: "deleted" (no such container, or being removed), "oom" (the kernel OOM-killed the
-        container's agent: OOMKilled with a SIGKILL exit), "killed:9" (a SIGKILL from outside: `docker kill`, the
-        host), "killed:15" (uid-separated: the agent ended on SIGTERM, `docker stop` or dockerd shutting down),
+        container's agent: OOMKilled with a SIGKILL exit), "killed:9" (uid-separated: a SIGKILL sent through the
+        engine, `docker kill`, as its kill event records, and no OOM event), SIGKILL_UNPROVEN (uid-separated: a
+        SIGKILL exit with neither record: the OOM killer unflagged, or a kill on the host), "killed:15" (uid-separated: the agent ended on SIGTERM, `docker stop` or dockerd shutting down),
         "signal:<n>" (exit code 128+n, as docker-init reports a signalled agent), "exited:<code>",
         "engine_lost" (dockerd refuses or drops the connection: it stopped or is restarting); None while it still
         runs after DEATH_SETTLE_S, or when dockerd answers with an error."""
@@ -622,9 +631,31 @@ class DockerBackend:
                 log.warning("docker inspect %s failed: %s", handle.id, e)
                 return None
             cause = container_death_cause(state, uid_separated=self._root_host)
+            if cause == SIGKILL_UNPROVEN:
+                cause = container_death_cause(state, uid_separated=True, engine_kill=await self._engine_kill(handle))
             if cause is not None or time.monotonic() >= deadline:
                 return cause
             await asyncio.sleep(0.1)
+
+    async def _engine_kill(self, handle: SandboxHandle) -> bool:
+        """The engine's events since the container was created show a SIGKILL sent to it through the API and no OOM
+        of it: the positive record that its SIGKILL came from outside. False when they do not, or cannot be read
+        (the engine keeps a bounded backlog of events: a record gone from it proves nothing either)."""
+        since = int(float(handle.labels.get(L_CREATED, "0"))) - 1
+        until = f"{time.time():.9f}"
+        filters = {"container": handle.id, "type": "container", "event": ["kill", "oom"]}
+        try:
+            api = await self.api()
+            events = await self._call(lambda: list(api.events(since=since, until=until, filters=filters,
+                                                              decode=True)))
+        except (docker.errors.DockerException, requests.RequestException, OSError) as e:
+            log.warning("docker events %s failed: %s", handle.id, e)
+            return False
+        actions = [(e.get("Action") or e.get("status"), (e.get("Actor") or {}).get("Attributes") or {}) for e in events]
+        if any(action == "oom" for action, _ in actions):
+            return False
+        return any(action == "kill" and str(attrs.get("signal")).upper() in ("9", "SIGKILL", "KILL")
+                   for action, attrs in actions)
 
     async def oom_kills(self, handle: SandboxHandle) -> int:
         """How many times the kernel's OOM killer fired in this container's cgroup since it was created (Docker

@@ -55,3 +55,23 @@ async def test_the_agent_survives_the_editor_on_a_40_mb_file(docker_sandbox: Any
     grew = await edit_and_undo(sb, pid, run_editor, 40 << 20)
     assert grew < PEAK_BOUND, f"the agent's peak memory grew by {grew >> 20} MiB for an edit of a 40 MB file"
     await _alive(sb, backend)
+
+
+async def test_a_sigkill_without_any_record_is_never_an_outside_cause(docker_sandbox: Any) -> None:
+    """The agent SIGKILLed with no OOMKilled flag and no kill event of the engine (here: from the host, as the OOM
+    killer would look on a runtime that never flags it) is SIGKILL_UNPROVEN, charged to the policy; the old rule
+    read every unflagged SIGKILL of a uid-separated agent as `killed:9`, an outside cause: an unscored dodge for an
+    agent the policy's data killed. `docker kill` (the engine's record) stays `killed:9` (test_attacks)."""
+    import signal
+
+    from agentrl.errors import SandboxDiedError
+    from agentrl.runner.attribution import DeathFacts, Stage, classify
+    from agentrl.types import Status
+
+    sb, pid, backend = docker_sandbox
+    os.kill(pid, signal.SIGKILL)
+    cause = await backend.death_cause(sb.handle)
+    assert cause == "sigkill_unproven", cause
+    verdict = classify(SandboxDiedError("gone", in_flight=False), Stage.turns,
+                       death=DeathFacts(uid_separated=True, control_plane_separated=True, cause=cause))
+    assert verdict.status is Status.policy_error, verdict
