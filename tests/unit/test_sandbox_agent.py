@@ -468,6 +468,21 @@ async def test_a_100_mb_round_trip_leaves_the_agents_peak_memory_flat(sb: Sandbo
     assert grew < 16 * 1024 * 1024, f"the agent's peak memory grew by {grew / 2**20:.0f} MiB for a 100 MB file"
 
 
+async def test_a_refused_big_write_keeps_the_connection_in_step(sb: Sandbox, agent_proc) -> None:
+    """A write refused after its body started (a path outside the workspace, 3 MiB of body already on the way) is
+    answered once the rest of the body was read and dropped: the same keep-alive connection serves the next request,
+    and empty and odd-sized files round-trip exactly."""
+    with pytest.raises(SandboxPathError):
+        await sb.write_file("../outside.bin", os.urandom(3 << 20) + b"tail")
+    assert len(sb.client._idle) == 1  # the connection was kept, not dropped
+    assert (await sb.exec("echo alive")).stdout == "alive\n"
+    for n in (0, 1, (1 << 20) - 1, (1 << 20) + 1):
+        blob = os.urandom(n)
+        await sb.write_file(f"odd{n}.bin", blob, mode=0o600)
+        assert await sb.read_bytes(f"odd{n}.bin") == blob
+        assert (agent_proc[2] / f"odd{n}.bin").stat().st_mode & 0o777 == 0o600
+
+
 def _sent(body: "agent_mod.FileBody") -> bytes:
     """What FileBody.send puts on a connection (read by a thread while it sends)."""
     a, b = socket.socketpair()
