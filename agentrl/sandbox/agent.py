@@ -108,7 +108,6 @@ After binding, the agent prints READY_LINE on stdout so the starter needs no pol
 from __future__ import annotations
 
 import array
-import base64
 import ctypes
 import errno
 import json

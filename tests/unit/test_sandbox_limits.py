@@ -146,6 +146,7 @@ async def test_death_cause_tells_whose_memory_ran_out(tmp_path: Path, monkeypatc
     plan = limits.LimitPlan("cgroup1", (top,), separated=separated)
     backend._live["sb"] = _Live(_Exited(code), tmp_path / "sb", plan)  # type: ignore[arg-type]
     where = {"sandbox": top, "agent": f"{top}/agent", "commands": f"{top}/commands", None: "", "unknown": ""}[oom_in]
-    monkeypatch.setattr(limits, "oom_kills_known", lambda cgroups: None if oom_in == "unknown" else int(where in cgroups))
+    monkeypatch.setattr(limits, "oom_kills_known",
+                        lambda cgroups: None if oom_in == "unknown" else int(where in cgroups))
     handle = SandboxHandle(id="sb", backend="local", endpoint=AgentEndpoint(kind="unix", address="x"))
     assert await backend.death_cause(handle) == cause
