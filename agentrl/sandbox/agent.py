@@ -1900,7 +1900,7 @@ class Agent:
         if self._spawner is not None and relay:
             self._spawner.on_counter_files = self.counters.use_files
 
-    def dispatch(self, method: str, path: str, body: "bytes | BodyStream") -> "dict | FileBody":
+    def dispatch(self, method: str, path: str, body: "bytes | bytearray | BodyStream") -> "dict | FileBody":
         route, _, query = path.partition("?")
         if route == "/file" and method in ("GET", "PUT"):
             req = _query(query)
@@ -2042,7 +2042,7 @@ class Agent:
             return 126
         return code
 
-    def write(self, req: dict, body: "bytes | BodyStream") -> dict:
+    def write(self, req: dict, body: "bytes | bytearray | BodyStream") -> dict:
         """PUT /file: the body written into the file as it arrives, FILE_CHUNK bytes at a time."""
         mode = req.get("mode", "420")
         if not mode.isdigit() or int(mode) > 0o7777:
@@ -2528,13 +2528,14 @@ def serve_connection(conn: socket.socket, agent: Agent, token: str | None, reade
             if head.length > MAX_BODY and not streamed:
                 _answer(conn, 413, {"error": f"request body larger than {MAX_BODY} bytes"}, False)
                 return
-            body: bytes | BodyStream
+            body: bytes | bytearray | BodyStream
             if streamed:
                 body = BodyStream(reader, head.length)
             else:
-                body = reader.read(head.length) if head.length else b""
-                if len(body) != head.length:
+                raw = reader.read(head.length) if head.length else b""
+                if len(raw) != head.length:
                     return
+                body = raw
             status, obj = _handle(agent, head.method, head.target, body)
             if isinstance(body, BodyStream) and not body.drain():  # the rest of a body the handler did not use
                 if isinstance(obj, FileBody):
@@ -2551,7 +2552,8 @@ def serve_connection(conn: socket.socket, agent: Agent, token: str | None, reade
         conn.close()
 
 
-def _handle(agent: Agent, method: str, target: str, body: "bytes | BodyStream") -> tuple[int, "dict | FileBody"]:
+def _handle(agent: Agent, method: str, target: str,
+            body: "bytes | bytearray | BodyStream") -> tuple[int, "dict | FileBody"]:
     try:
         return 200, agent.dispatch(method, target, body)
     except HTTPError as e:

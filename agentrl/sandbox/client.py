@@ -94,7 +94,7 @@ class _Connection:
         poller.register(sock.fileno(), select.POLLIN | select.POLLRDHUP)
         return bool(poller.poll(0))
 
-    async def roundtrip(self, head: bytes, body: bytes | memoryview) -> tuple[int, bytes | bytearray]:
+    async def roundtrip(self, head: bytes, body: bytes | bytearray | memoryview) -> tuple[int, bytes | bytearray]:
         """Send `head` and `body` (FILE_CHUNK at a time, waiting for the transport to take each) and return the
         answer's status and body. A 200 octet-stream body is read into one buffer of its announced size, FILE_CHUNK
         at a time (the StreamReader never holds more than its own small limit)."""
@@ -166,7 +166,7 @@ class AgentClient:
             raise SandboxError(f"agent at {self.endpoint.address} answered {method} {path} with raw bytes")
         return status, _decode(raw, status)
 
-    async def exchange(self, method: str, path: str, body: bytes | memoryview, *, timeout: float,
+    async def exchange(self, method: str, path: str, body: bytes | bytearray | memoryview, *, timeout: float,
                        content_type: str = "application/json") -> tuple[int, bytes | bytearray]:
         """One request with a body of raw bytes; returns (status, body): a bytearray for a 200 octet-stream
         answer (GET /file), else the answer's bytes (JSON). Failures as request()."""
