@@ -20,33 +20,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import io
 import os
-import tarfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from agentrl.sandbox import Sandbox, SandboxSpec
-from agentrl.testing.agent_memory import agent_pid, docker_root_pid, peak_kib
+from agentrl.testing.agent_memory import agent_pid, docker_root_pid, file_round_trip, peak_kib, tree_round_trip
 
 IMAGE = "agentrl/python:latest"
-
-
-def _tree_tar(total: int, files: int = 200) -> tuple[bytes, str]:
-    """A tar of `files` random files of total size `total` (what trees.to_tar ships), and its content digest."""
-    buf, digest = io.BytesIO(), hashlib.sha256()
-    each = total // files
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for i in range(files):
-            data = os.urandom(each)
-            digest.update(data)
-            info = tarfile.TarInfo(f"pkg/mod_{i:03d}.bin")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue(), digest.hexdigest()
 
 
 def _cgroup_peak(container_id: str) -> int | None:
@@ -70,31 +53,12 @@ async def _steps(sb: Sandbox, size: int, pid: int, cgroup: Any) -> list[tuple[st
         rows.append((step, f"VmHWM {mib:.1f} MiB{extra}"))
 
     note("start")
-    blob = os.urandom(size)
     t = time.monotonic()
-    await sb.write_file("big.bin", blob)
-    note(f"wrote a {size >> 20} MB file ({time.monotonic() - t:.1f} s)")
+    await file_round_trip(sb, pid, size)
+    note(f"wrote a {size >> 20} MB file and read it back byte-exact ({time.monotonic() - t:.1f} s)")
     t = time.monotonic()
-    back = await sb.read_bytes("big.bin")
-    assert bytes(back) == blob, "the file read back differs"
-    note(f"read it back byte-exact ({time.monotonic() - t:.1f} s)")
-    del back, blob
-    await sb.exec(["rm", "-f", "big.bin"])
-    tar, digest = _tree_tar(size)
-    t = time.monotonic()
-    await sb.write_file("tree.tar", tar)
-    res = await sb.exec("mkdir -p tree && tar -xf tree.tar -C tree && rm tree.tar && "
-                        "tar -C tree -cf packed.tar .", timeout=300)
-    assert res.exit_code == 0, res.stderr
-    packed = await sb.read_bytes("packed.tar")
-    with tarfile.open(fileobj=io.BytesIO(packed), mode="r:") as got:
-        check = hashlib.sha256()
-        for member in sorted((m for m in got.getmembers() if m.isfile()), key=lambda m: m.name):
-            f = got.extractfile(member)
-            assert f is not None
-            check.update(f.read())
-    assert check.hexdigest() == digest, "the tree read back differs"
-    note(f"shipped a {len(tar) >> 20} MB tree, unpacked, packed, read back ({time.monotonic() - t:.1f} s)")
+    await tree_round_trip(sb, pid, size)
+    note(f"shipped a {size >> 20} MB tree, unpacked, packed, read back ({time.monotonic() - t:.1f} s)")
     return rows
 
 

@@ -16,7 +16,14 @@ from agentrl_repo_fix.tools import run_editor
 from dockertier import IMAGE, RUN_ID
 
 from agentrl.sandbox import Sandbox, SandboxSpec
-from agentrl.testing.agent_memory import PEAK_BOUND, agent_pid, docker_root_pid, edit_and_undo, file_round_trip
+from agentrl.testing.agent_memory import (
+    PEAK_BOUND,
+    agent_pid,
+    docker_root_pid,
+    edit_and_undo,
+    file_round_trip,
+    tree_round_trip,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the agent is separated only when the host side is root")
 
@@ -47,6 +54,15 @@ async def test_a_200_mb_file_crosses_the_agent_byte_exact_with_flat_memory(docke
     sb, pid, backend = docker_sandbox
     grew = await file_round_trip(sb, pid, 200 << 20)
     assert grew < PEAK_BOUND, f"the agent's peak memory grew by {grew >> 20} MiB for a 200 MB file"
+    await _alive(sb, backend)
+
+
+async def test_a_200_mb_tree_crosses_the_agent_as_grading_ships_it(docker_sandbox: Any) -> None:
+    """Fresh grading writes the graded tree as one tar through the agent (the old agent died in its container of a
+    63 MB one); collect packs the policy's tree and reads it back."""
+    sb, pid, backend = docker_sandbox
+    grew = await tree_round_trip(sb, pid, 200 << 20)
+    assert grew < PEAK_BOUND, f"the agent's peak memory grew by {grew >> 20} MiB for a 200 MB tree"
     await _alive(sb, backend)
 
 

@@ -14,7 +14,7 @@ import pytest
 from agentrl_repo_fix.tools import run_editor
 
 from agentrl.sandbox import Sandbox, SandboxSpec
-from agentrl.testing.agent_memory import PEAK_BOUND, agent_pid, edit_and_undo, file_round_trip
+from agentrl.testing.agent_memory import PEAK_BOUND, agent_pid, edit_and_undo, file_round_trip, tree_round_trip
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
 
@@ -39,6 +39,12 @@ async def test_a_200_mb_file_crosses_the_agent_byte_exact_with_flat_memory(local
     sb, pid = local
     grew = await file_round_trip(sb, pid, 200 << 20)
     assert grew < PEAK_BOUND, f"the agent's peak memory grew by {grew >> 20} MiB for a 200 MB file"
+
+
+async def test_a_200_mb_tree_crosses_the_agent_as_grading_ships_it(local: tuple[Sandbox, int]) -> None:
+    sb, pid = local
+    grew = await tree_round_trip(sb, pid, 200 << 20)
+    assert grew < PEAK_BOUND, f"the agent's peak memory grew by {grew >> 20} MiB for a 200 MB tree"
 
 
 async def test_the_editor_edits_and_undoes_a_40_mb_file_with_flat_memory(local: tuple[Sandbox, int]) -> None:
