@@ -124,7 +124,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-VERSION = 1
+VERSION = 2  # 2: files move as raw bytes (PUT / GET /file); 1 had the JSON /write and /read
 READY_LINE = "AGENTRL-AGENT-READY"
 MAX_BODY = 256 * 1024 * 1024  # JSON request bodies above this are refused with 413 (file bodies stream: no cap)
 MAX_OUTPUT = 64 * 1024 * 1024  # an exec's output_limit (bytes kept per stream) is capped at this
@@ -1909,7 +1909,8 @@ class Agent:
                   ("POST", "/kill_all"): self.kill_all}
         handler = routes.get((method, route))
         if handler is None:
-            raise HTTPError(404 if method in ("GET", "POST", "PUT") else 405, f"no route {method} {path[:200]}")
+            raise HTTPError(404 if method in ("GET", "POST", "PUT") else 405, f"no route {method} {path[:200]}",
+                            "no_route")
         req = _json_body(body) if method == "POST" and not isinstance(body, BodyStream) else {}
         return handler(req)
 

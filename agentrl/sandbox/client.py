@@ -8,7 +8,8 @@ Exceptions raised by `Sandbox` methods:
 
     SandboxDiedError (agentrl.errors, infra)   connection refused/reset, socket gone, no answer within the deadline;
                                                `.in_flight` says whether a request had been sent when it broke
-    SandboxError     (agentrl.errors, infra)   the agent answered 5xx or rejected our token (a bug or misconfig)
+    SandboxError     (agentrl.errors, infra)   the agent answered 5xx, rejected our token or has no such route (an
+                                               agent of another protocol version): a bug or misconfig
     SandboxPathError (PermissionError)         403: the path resolves outside the workspace, or the sandbox user may
                                                not access it; 400 kind "bad_path": it cannot be resolved (more than
                                                40 symlinks, a loop, NUL, too long) -> a tool error / the policy's
@@ -266,6 +267,9 @@ def _raise_for(status: int, obj: dict[str, Any], what: str) -> None:
         raise SandboxSurvivorsError(msg)
     if status == 413 or (status == 400 and kind == "not_regular"):
         raise SandboxFileError(msg, kind or "too_large")
+    if status in (404, 405) and (kind == "no_route" or str(obj.get("error", "")).startswith("no route")):
+        # an agent of another protocol version (agent.py VERSION; before 2 it had no /file): a setup fault, infra
+        raise SandboxError(f"{msg} (the sandbox's agent does not speak this client's protocol: another version)")
     if status == 404:
         raise FileNotFoundError(msg)
     if status in (400, 413):

@@ -483,6 +483,30 @@ async def test_a_refused_big_write_keeps_the_connection_in_step(sb: Sandbox, age
         assert (agent_proc[2] / f"odd{n}.bin").stat().st_mode & 0o777 == 0o600
 
 
+async def test_an_agent_without_the_file_routes_is_a_version_error_not_a_missing_file(tmp_path: Path) -> None:
+    """An agent of protocol version 1 (JSON /write and /read) answers GET /file with 404 "no route": the client
+    says the agent speaks another version (SandboxError), never "no such file" (which would read as the policy's)."""
+    async def old_agent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next((ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")),
+                          b"0"))
+        await reader.readexactly(length)
+        body = b'{"error": "no route GET /file?path=x&max=1"}'
+        writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\n\r\n" + body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_unix_server(old_agent, str(tmp_path / "old.sock"))
+    async with server:
+        sb = Sandbox(SandboxHandle(id="t", backend="test",
+                                   endpoint=AgentEndpoint(kind="unix", address=str(tmp_path / "old.sock"))),
+                     SandboxSpec())
+        with pytest.raises(SandboxError, match="another version"):
+            await sb.read_bytes("x")
+        await sb.close()
+
+
 def _sent(body: "agent_mod.FileBody") -> bytes:
     """What FileBody.send puts on a connection (read by a thread while it sends)."""
     a, b = socket.socketpair()
