@@ -95,8 +95,9 @@ sandbox costs no thread:
     errors         -> {error: msg[, kind]} with 400 (bad request; kind "not_regular" for a directory, FIFO, socket,
                    device or symlink; kind "bad_path" for a path that cannot be resolved: more than 40 symlinks,
                    too long, NUL, not encodable), 401 (token), 403 (path outside workspace, or not accessible to the
-                   command user), 404, 409 (kind "survivors"), 413 (kind "too_large"), 431 (request head too
-                   large), 500 (a bug in the agent), 503 (MAX_WORKERS connections busy)
+                   command user), 404 (no such file; kind "no_route": no such route), 409 (kind "survivors"),
+                   413 (kind "too_large"), 431 (request head too large), 500 (a bug in the agent), 503
+                   (MAX_WORKERS connections busy)
 
 Paths are resolved without recursion (at most 40 symlinks, like the kernel) and opened with openat2
 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS below the workspace root where the kernel has it; files are opened
