@@ -58,7 +58,7 @@ from pathlib import Path
 from agentrl.errors import ConfigError, MissingDependencyError, SandboxStartError
 from agentrl.sandbox import limits
 from agentrl.sandbox.agent import READY_LINE
-from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
+from agentrl.sandbox.base import SIGKILL_UNPROVEN, AgentEndpoint, SandboxHandle, SandboxSpec
 from agentrl.sandbox.ownership import alive as process_alive
 from agentrl.sandbox.ownership import host_id, owner_gone, process_start
 
@@ -487,19 +487,29 @@ class LocalBackend:
         if code < 0:  # bubblewrap itself was signalled: it is a host process outside the sandbox's pid namespace, no
             # command can see or signal it, so this came from outside (host, admin, OOM) -- unless it shares the
             # commands' memory cgroup and that cgroup's OOM killer took it: then the commands' memory did it
-            if code == -signal.SIGKILL and not plan.separated and await self._oom_killed(plan.cgroups):
-                return "oom"
+            if code == -signal.SIGKILL and not plan.separated:
+                kills = await self._oom_kills(plan.cgroups)
+                if kills is None and plan.cgroups:
+                    return SIGKILL_UNPROVEN  # the cgroup's counter is unreadable: it may have been the OOM killer
+                if kills:
+                    return "oom"
             return f"killed:{-code}"
         signum = code - 128 if code > 128 else None  # bwrap reports its child's death by signal n as 128 + n
-        if signum == signal.SIGKILL and plan.separated and await self._oom_killed(plan.launch_cgroups):
-            return "killed:oom"  # the OOM killer took the agent in its own cgroup: host memory, not the commands'
-        if signum == signal.SIGKILL and not plan.separated and await self._oom_killed(plan.cgroups):
-            return "oom"
+        if signum == signal.SIGKILL:
+            # a SIGKILL is from outside only when the kernel's counter of the cgroup the agent lives in says the OOM
+            # killer did not fire; an unreadable counter proves nothing (SIGKILL_UNPROVEN: the policy's)
+            kills = await self._oom_kills(plan.launch_cgroups if plan.separated else plan.cgroups)
+            if kills and plan.separated:
+                return "killed:oom"  # the OOM killer took the agent in its own cgroup: host memory, not the commands'
+            if kills:
+                return "oom"
+            if kills is None and plan.cgroups:
+                return SIGKILL_UNPROVEN
         return f"signal:{signum}" if signum is not None else f"exited:{code}"
 
     @staticmethod
-    async def _oom_killed(cgroups: Sequence[str]) -> bool:
-        return await asyncio.to_thread(limits.oom_kills, cgroups) > 0
+    async def _oom_kills(cgroups: Sequence[str]) -> int | None:
+        return await asyncio.to_thread(limits.oom_kills_known, cgroups)
 
     @staticmethod
     def _read_state(path: Path) -> dict | None:

@@ -63,7 +63,7 @@ from typing import Any
 
 from agentrl.errors import ConfigError
 from agentrl.sandbox.agent import RELAY_SOURCE
-from agentrl.sandbox.base import SandboxSpec
+from agentrl.sandbox.base import SIGKILL_UNPROVEN, SandboxSpec
 from agentrl.sandbox.ownership import OwnerRecord, owner_gone
 
 Obj = dict[str, Any]
@@ -448,7 +448,8 @@ def death_reason(pod: Obj | None, deleted: bool) -> str | None:
 def death_cause(pod: Obj | None) -> str | None:
     """The provable cause of a sandbox pod's death, for failure attribution: "deleted" (no such pod, or being
     deleted), "evicted", "deadline" (activeDeadlineSeconds, the TTL), "oom" (the kernel OOM-killed the agent's
-    container), "signal:<n>" / "exited:<code>" (how the agent ended); None while it runs or when unknown. The
+    container), SIGKILL_UNPROVEN (SIGKILL without OOMKilled), "signal:<n>" / "exited:<code>" (how the agent ended);
+    None while it runs or when unknown. The
     sandbox container's end is not a death: the agent still answers, and the commands fail as the policy's."""
     if pod is None or pod.get("metadata", {}).get("deletionTimestamp"):
         return "deleted"
@@ -463,10 +464,14 @@ def death_cause(pod: Obj | None) -> str | None:
         return None
     if term.get("reason") == "OOMKilled":
         return "oom"
-    if term.get("signal"):
-        return f"signal:{term['signal']}"
     code = int(term.get("exitCode") or 0)
-    return f"signal:{code - 128}" if code > 128 else f"exited:{code}"
+    signum = int(term.get("signal") or (code - 128 if code > 128 else 0))
+    if signum == 9:
+        # the kubelet's OOMKilled is the runtime's report, which some runtimes never make (gVisor): its absence does
+        # not prove that the OOM killer spared the agent, and the kubelet's own kills (deletion, eviction, the
+        # deadline) are told above; no record here proves an outside SIGKILL, so it is not one
+        return SIGKILL_UNPROVEN
+    return f"signal:{signum}" if signum else f"exited:{code}"
 
 
 def started_at(pod: Obj) -> float | None:
