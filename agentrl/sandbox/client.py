@@ -132,7 +132,7 @@ class _Connection:
         while got < length:
             chunk = await self.reader.read(min(FILE_CHUNK, length - got))
             if not chunk:
-                raise asyncio.IncompleteReadError(bytes(), length - got)
+                raise asyncio.IncompleteReadError(b"", length - got)
             payload[got:got + len(chunk)] = chunk
             got += len(chunk)
         return status, payload

@@ -602,7 +602,8 @@ class DockerBackend:
         container's agent: OOMKilled with a SIGKILL exit), "killed:9" (uid-separated: a SIGKILL sent through the
         engine, `docker kill`, as its kill event records, and no OOM event), SIGKILL_UNPROVEN (uid-separated: a
         SIGKILL exit with neither record: the OOM killer unflagged, or a kill on the host), "killed:15"
-        (uid-separated: the agent ended on SIGTERM, `docker stop` or dockerd shutting down), "signal:<n>" (exit code 128+n, as docker-init reports a signalled agent), "exited:<code>",
+        (uid-separated: the agent ended on SIGTERM, `docker stop` or dockerd shutting down), "signal:<n>" (exit code
+        128+n, as docker-init reports a signalled agent), "exited:<code>",
         "engine_lost" (dockerd refuses or drops the connection: it stopped or is restarting); None while it still
         runs after DEATH_SETTLE_S, or when dockerd answers with an error."""
         deadline = time.monotonic() + DEATH_SETTLE_S
