@@ -63,11 +63,12 @@ def rss_kib(pid: int) -> int:
     return _status_kib(pid, "VmRSS")
 
 
-def docker_root_pid(container: str) -> int:
-    """The host pid of a running container's main process (docker inspect State.Pid)."""
+def docker_root_pid(container: str, base_url: str | None = None) -> int:
+    """The host pid of a running container's main process (docker inspect State.Pid), on the machine's engine or
+    the one at `base_url` (e.g. the dev cluster's own dockerd, whose containers are the pods' on this host)."""
     import docker
 
-    client = docker.from_env(timeout=30)
+    client = docker.DockerClient(base_url=base_url, timeout=30) if base_url else docker.from_env(timeout=30)
     try:
         return int(client.api.inspect_container(container)["State"]["Pid"])
     finally:
