@@ -2,10 +2,11 @@
 a tree shipped as a tar, unpacked, packed again and read back (what repo_fix's fresh grading and its collect do).
 The agent's memory should be flat: independent of the data's size.
 
-    python benchmarks/bench_agent_memory.py [--mb 200] [--backends local,docker,docker-two]
+    python benchmarks/bench_agent_memory.py [--mb 200] [--backends local,docker,docker-two,k8s]
 
 Backends: local (bubblewrap), docker (the layout `auto` picks: host cgroups on a cgroup-v1 cgroupfs engine, else two
-containers) and docker-two (separation="containers": the agent in a container of its own). Per backend and step it
+containers), docker-two (separation="containers": the agent in a container of its own) and k8s (a pod of the dev
+cluster, KUBECONFIG set: the agent's container of its own, read through the cluster's dockerd on this host). Per backend and step it
 prints the agent's VmHWM (the kernel's peak resident set of the agent's process, read on the host from
 /proc/<pid>/status; it only grows) and, for docker-two, the agent container's memory cgroup peak (which also counts
 the tmpfs pages the agent wrote: the files it carries for the host stay on that bill until removed). A step that
@@ -72,6 +73,17 @@ async def _run(kind: str, size: int) -> list[tuple[str, str]]:
         backend: Any = LocalBackend()
         handle = await backend.create(spec, labels)
         root = backend._live[handle.id].proc.pid
+    elif kind == "k8s":  # the dev cluster (KUBECONFIG; make test-k8s sets it up): pods are processes of this host
+        from agentrl.sandbox.kubernetes import KubernetesBackend
+
+        backend = KubernetesBackend(namespace=os.environ.get("AGENTRL_K8S_NAMESPACE", "agentrl"),
+                                    pool=f"bench{uuid.uuid4().hex[:6]}", image_pull_policy="IfNotPresent")
+        handle = await backend.create(spec.model_copy(update={"cpus": 0.5}), labels)
+        pod_name = backend._pod_names.get(handle.id, handle.id)
+        pod = await backend.api.request("GET", f"/api/v1/namespaces/{backend.config.namespace}/pods/{pod_name}")
+        (agent,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "agentrl-agent"]
+        sock = Path(os.environ.get("AGENTRL_K8S_DIR", Path.home() / ".cache/agentrl/k8s"), "docker/docker.sock")
+        root = docker_root_pid(agent["containerID"].removeprefix("docker://"), base_url=f"unix://{sock}")
     else:
         from agentrl.sandbox.docker import DockerBackend
 
