@@ -72,6 +72,7 @@ test-k8s: venv
 
 lint: venv
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check agentrl envs
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

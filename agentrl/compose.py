@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import agentrl
-from agentrl.config import RolloutConfig, check_ttl_covers_budgets
+from agentrl.config import RolloutConfig, SGLangEngineConfig, VLLMEngineConfig, check_ttl_covers_budgets
 from agentrl.envs import Env, Task, get_env, spec_for_env
 from agentrl.errors import ConfigError
 from agentrl.reward import RewardSpec, Scorer
@@ -262,6 +262,7 @@ def make_sglang_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path
     from agentrl.engine.sglang import SGLangEngine, read_tokenizer_path
 
     e = cfg.engine
+    assert isinstance(e, SGLangEngineConfig)  # the caller dispatches on engine.type
     if e.model is not None:
         path = resolve_model(e.model)
     else:
@@ -296,6 +297,7 @@ def make_vllm_engine_and_tokenizer(cfg: RolloutConfig) -> tuple[Any, Any, Path]:
     from agentrl.engine.vllm import VLLMEngine, read_served_model
 
     e = cfg.engine
+    assert isinstance(e, VLLMEngineConfig)  # the caller dispatches on engine.type
     served = None
     if e.model is not None:
         path = resolve_model(e.model)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from agentrl.errors import ConfigError
 
@@ -37,15 +37,16 @@ class Registry(Generic[T]):
         """Decorator: file `cls` under `name` and set `cls.name`. The same class again (or a reload of it) is fine."""
 
         def deco(cls: C) -> C:
-            if not (isinstance(cls, type) and issubclass(cls, self.base)):
+            klass: Any = cls  # checked below; `cls` itself is returned unchanged
+            if not (isinstance(klass, type) and issubclass(klass, self.base)):
                 raise TypeError(f"@{self.decorator}({name!r}): {getattr(cls, '__name__', repr(cls))} must subclass "
                                 f"{self.base.__module__.rsplit('.', 1)[0]}.{self.base.__name__}")
             prev = self._table.get(name)
-            if prev is not None and prev is not cls and prev.__qualname__ != cls.__qualname__:
+            if prev is not None and prev is not klass and prev.__qualname__ != klass.__qualname__:
                 raise ConfigError(f"{self.what} name {name!r} registered twice ({prev.__module__} and "
-                                  f"{cls.__module__})")
-            cls.name = name  # type: ignore[attr-defined]
-            self._table[name] = cls
+                                  f"{klass.__module__})")
+            setattr(klass, "name", name)  # noqa: B010 - klass is checked above, not typed
+            self._table[name] = klass
             return cls
 
         return deco

@@ -124,12 +124,15 @@ class SamplingParams(_Record):
         return self.temperature == 0.0
 
 
+FinishReason = Literal["stop", "length", "abort"]
+
+
 class Generation(_Record):
     """What an engine returns for one generate call: exact ids and the logprob of each."""
 
     output_ids: list[int]
     logprobs: list[float]
-    finish_reason: Literal["stop", "length", "abort"]
+    finish_reason: FinishReason
     weight_version: int = 0
     cached_tokens: int = 0
     worker: str | None = None

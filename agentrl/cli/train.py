@@ -203,7 +203,9 @@ def train_parts(cfg: Any, *, main: bool = True) -> Any:
     snap = cfg.snapshot
     snapshot_tasks = (select_tasks(run.env, None, snap.tasks) if isinstance(snap.tasks, list)
                       else select_tasks(run.env, snap.tasks, [])) if snap.every else []
-    return JobParts(run=run, eval_tasks=eval_tasks, snapshot_tasks=snapshot_tasks, gc_monitor=tune_gc(cfg.gc_tune))
+    # a rank other than 0 gets RankParts: the job reads only its env, tasks, tokenizer and model path there
+    return JobParts(run=run, eval_tasks=eval_tasks,  # type: ignore[arg-type]
+                    snapshot_tasks=snapshot_tasks, gc_monitor=tune_gc(cfg.gc_tune))
 
 
 # -- eval ---------------------------------------------------------------------------------------------------------

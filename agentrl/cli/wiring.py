@@ -67,7 +67,7 @@ async def run_rollout(cfg: RolloutConfig) -> int:
         finally:
             await parts.aclose()
         all_trajs = read_trajectories(cfg.out)
-        summary = summarize(all_trajs, wall_s=time.perf_counter() - t0)
+        summary: dict[str, Any] = dict(summarize(all_trajs, wall_s=time.perf_counter() - t0))
         summary["gc"] = gc_cost  # this process's collector cost (the trajectories above may span resumed runs)
         summary["loop_lag"] = lag  # how late the runner's event loop woke during this run
     console.print(summary_table(summary))
@@ -199,6 +199,7 @@ async def _check_env(env: Env, progress: CheckProgress, *, solutions: Path | Non
 
     async def case_problems(task: Task, solution: str, first: TestReport) -> list[str]:
         problems = []
+        assert check_cases is not None  # called only when the env lists cases
         for label, case, must_pass in check_cases(task):
             r = await score(task, case)
             ok = bool(r.total) and r.passed == r.total

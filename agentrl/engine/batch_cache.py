@@ -35,16 +35,23 @@ class RunningBatch:
     def merge(self, other: RunningBatch) -> RunningBatch:
         """Concatenate on B after left-padding both caches to the same T. `other`'s rows come last."""
         parts = [b for b in (self, other) if b.rows]
-        width = max(b.mask.shape[1] for b in parts)
+        masks: list[torch.Tensor] = []
+        positions: list[torch.Tensor] = []
+        for b in parts:
+            assert b.mask is not None and b.next_pos is not None  # a batch with rows has both
+            masks.append(b.mask)
+            positions.append(b.next_pos)
+        width = max(m.shape[1] for m in masks)
         layers = zip(*[b.cache.layers for b in parts])
         cache = other.cache
         cache.layers = [SlotLayer.concat([(lay.keys, lay.values) for lay in group], width) for group in layers]
-        mask = torch.cat([pad_left(b.mask, width, 1) for b in parts])
+        mask = torch.cat([pad_left(m, width, 1) for m in masks])
         return RunningBatch(rows=[r for b in parts for r in b.rows], cache=cache, mask=mask,
-                             next_pos=torch.cat([b.next_pos for b in parts]))
+                             next_pos=torch.cat(positions))
 
     def row_kv(self, i: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Copies of row i's last `length` cache columns per layer, [1, H, length, D] each (its real tokens)."""
+        assert self.mask is not None
         width = self.mask.shape[1]
         return [(layer.keys[i : i + 1, :, width - length :].clone(),
                  layer.values[i : i + 1, :, width - length :].clone())
@@ -54,6 +61,7 @@ class RunningBatch:
         """Keep only rows `keep` (in order) and cut the columns that are padding for every remaining row."""
         if not keep:
             return RunningBatch()
+        assert self.mask is not None and self.next_pos is not None
         index = torch.tensor(keep, device=self.mask.device)
         mask = self.mask.index_select(0, index)
         start = int(mask.any(dim=0).long().argmax())  # first column some row still uses
@@ -95,12 +103,12 @@ class SlotLayer(CacheLayerMixin):
             row += b
         return cls(key_buf, value_buf, width)
 
-    @property
-    def keys(self) -> torch.Tensor:
+    @property  # transformers' layers hold keys/values as attributes; a slot layer views its buffer instead
+    def keys(self) -> torch.Tensor:  # type: ignore[override]
         return self.key_buf[:, :, : self.length]
 
     @property
-    def values(self) -> torch.Tensor:
+    def values(self) -> torch.Tensor:  # type: ignore[override]
         return self.value_buf[:, :, : self.length]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:

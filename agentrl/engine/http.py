@@ -36,7 +36,7 @@ from agentrl.errors import EngineError, EngineUnavailableError
 try:
     import orjson
 except ImportError:  # optional: the standard library does the same, slower
-    orjson = None
+    orjson = None  # type: ignore[assignment]  # checked before each use
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _MAX_MESSAGE = 2000

@@ -65,7 +65,7 @@ from agentrl.engine.invariant import fix_linear_rows, use_rowwise_attention
 from agentrl.engine.models import resolve_model, validate_checkpoint_dir
 from agentrl.engine.sampling import sample
 from agentrl.errors import ConfigError, EngineError, EngineUnavailableError
-from agentrl.types import Generation, SamplingParams
+from agentrl.types import FinishReason, Generation, SamplingParams
 
 # transformers' from_pretrained is not thread-safe: concurrent loads in one process can leave tied weights (lm_head)
 # uninitialised. One process-wide lock serialises checkpoint loads (the deliberate exception to "no globals").
@@ -159,7 +159,8 @@ class LocalEngine:
         self.dtype = _dtype(dtype)
         self.device = torch.device(device)
         with _LOAD_LOCK:
-            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
+            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+            self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' stub of .to()
         if deterministic:
             use_rowwise_attention(self.model)
             fix_linear_rows(self.model, max_batch_size)
@@ -523,6 +524,7 @@ class LocalEngine:
 
     def _decode(self, batch: RunningBatch) -> RunningBatch:
         last = torch.tensor([r.output_ids[-1] for r in batch.rows], device=self.device)
+        assert batch.mask is not None and batch.next_pos is not None  # a batch being decoded has rows
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
         out = self.model(
             input_ids=last[:, None], attention_mask=batch.mask, position_ids=batch.next_pos[:, None],
@@ -557,7 +559,7 @@ class LocalEngine:
             self._stats.cancelled += len(batch.rows) - len(keep)
         return batch.select(keep)
 
-    def _finish(self, batch: RunningBatch, row: _Row, reason: str, index: int) -> None:
+    def _finish(self, batch: RunningBatch, row: _Row, reason: FinishReason, index: int) -> None:
         """Deliver row `index` of the batch and keep its keys/values for the session's next turn."""
         if self._prefix.max_bytes:
             length = len(row.input_ids) + len(row.output_ids) - 1  # the last sampled token was never fed

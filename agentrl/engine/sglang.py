@@ -51,7 +51,7 @@ from agentrl.engine.http_engine import (
     turn_seed,
 )
 from agentrl.errors import ConfigError, EngineError, EngineUnavailableError
-from agentrl.types import Generation, SamplingParams
+from agentrl.types import FinishReason, Generation, SamplingParams
 
 __all__ = ["SGLangEngine", "SGLangHTTPError", "SGLangTransientError", "checkpoint_facts", "read_tokenizer_path",
            "ROUTING_HEADER", "DEFAULT_VERSION_LABEL"]
@@ -121,9 +121,10 @@ class SGLangEngine(HTTPEngine):
         if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
             raise EngineError(f"SGLang {url}/generate: unexpected answer {str(data)[:300]!r}")
         meta = data["meta_info"]
-        reason = (meta.get("finish_reason") or {}).get("type")
-        if reason not in ("stop", "length", "abort"):
+        raw = (meta.get("finish_reason") or {}).get("type")
+        if raw not in ("stop", "length", "abort"):
             raise EngineError(f"SGLang {url}/generate: unknown finish_reason {meta.get('finish_reason')!r}")
+        reason: FinishReason = raw
         entries = meta.get("output_token_logprobs") or []  # [[logprob, token_id, text|None], ...]
         ids = [int(e[1]) for e in entries]
         logprobs = [float("nan") if e[0] is None else float(e[0]) for e in entries]
@@ -215,7 +216,7 @@ class SGLangEngine(HTTPEngine):
         if not urls:
             raise ConfigError(f"sglang-router {self.router_url} has no workers (GET /workers); start workers and "
                               "register them (--worker-urls) or set engine.urls")
-        return [clean_url(u, "GET /workers") for u in urls]
+        return [clean_url(str(u), "GET /workers") for u in urls]
 
     async def _worker_info(self, url: str) -> dict[str, Any]:
         try:

@@ -124,5 +124,5 @@ def _read_config(facts: ServerFacts, config: dict[str, Any]) -> None:
     if isinstance(sched.get("max_num_batched_tokens"), int):
         facts.max_num_batched_tokens = sched["max_num_batched_tokens"]
     facts.lora = isinstance(lora, dict)
-    if facts.lora and isinstance(lora.get("max_lora_rank"), int):
+    if isinstance(lora, dict) and isinstance(lora.get("max_lora_rank"), int):
         facts.max_lora_rank = lora["max_lora_rank"]

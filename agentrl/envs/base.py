@@ -77,9 +77,10 @@ class Submission:
 
 class Env:
     name: ClassVar[str] = ""
-    action_format: ClassVar[Literal["hermes", "codeblock"]] = "hermes"
-    system_prompt: ClassVar[str] = ""
-    tools: ClassVar[list[ToolSpec]] = []
+    # class defaults an env may set per instance from its options (code_tests: its action_format)
+    action_format: Literal["hermes", "codeblock"] = "hermes"
+    system_prompt: str = ""
+    tools: list[ToolSpec] = []  # noqa: RUF012 - a default replaced, never mutated
     sandbox_spec: ClassVar[SandboxSpec] = SandboxSpec()
     grading_sandbox: ClassVar[Literal["same", "fresh"]] = "same"  # "fresh": collect() + grade(), see above
 

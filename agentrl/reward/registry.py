@@ -12,7 +12,8 @@ from agentrl.reward.base import RewardSource
 
 ENTRY_POINT_GROUP = "agentrl.rewards"
 BUILTIN_MODULES = ("agentrl.reward.unit_tests", "agentrl.reward.format", "agentrl.reward.http")
-_SOURCES: Registry[RewardSource] = Registry(RewardSource, ENTRY_POINT_GROUP, what="reward source",
+_SOURCES: Registry[RewardSource] = Registry(RewardSource,  # type: ignore[type-abstract]  # checked against only
+                                            ENTRY_POINT_GROUP, what="reward source",
                                             decorator="register_reward", plural="sources",
                                             builtin_modules=BUILTIN_MODULES)
 

@@ -186,12 +186,13 @@ class LocalBackend:
         # thread would recreate the state dir after the teardown removed it
         prep = asyncio.ensure_future(asyncio.to_thread(self._prepare, sid, path, spec, labels))
         try:
-            plan, log_fd = await asyncio.shield(prep)
+            ready, log_fd = await asyncio.shield(prep)
+            plan = ready
             try:
-                proc = await self._spawn(plan.wrap(self._argv(spec, path, plan)), path, log_fd)
+                proc = await self._spawn(ready.wrap(self._argv(spec, path, ready)), path, log_fd)
             finally:
                 os.close(log_fd)
-            self._live[sid] = _Live(proc, path, plan)
+            self._live[sid] = _Live(proc, path, ready)
             t1 = time.monotonic()
             await asyncio.to_thread(self._record_pid, path, proc.pid)
             await self._wait_ready(sid, proc, path)
@@ -294,14 +295,15 @@ class LocalBackend:
             agent += ["--writable", ":".join(spec.writable_dirs)]
         separated = plan is not None and plan.separated
         cgroup_binds: list[str] = []
-        if separated:
+        if plan is not None and separated:
             inside = [f"{AGENT_DIR}/cgroup/{i}" for i in range(len(plan.cgroups))]
             agent += ["--cgroups", ("v2:" if plan.mode == "cgroup2" else "v1:") + ":".join(inside)]
             cgroup_binds = ["--perms", "0700", "--dir", f"{AGENT_DIR}/cgroup"]
             for host_dir, target in zip(plan.cgroups, inside):
                 cgroup_binds += ["--bind", host_dir, target]
         # cgroup v2 with nsdelegate: the agent must see `commands` from its cgroup namespace to move commands there
-        own_cgroupns = not (separated and plan.mode == "cgroup2")
+        own_cgroupns = not (plan is not None and separated and plan.mode == "cgroup2")
+        assert self.bwrap is not None  # checked in __init__; unsafe sandboxes never build a bwrap argv
         return [self.bwrap, *self._namespace_args(spec, own_cgroupns), *self._mount_args(spec, path, cgroup_binds),
                 *self._env_args(), "--chdir", WORKSPACE, "--", *agent]
 
@@ -387,6 +389,7 @@ class LocalBackend:
             start_new_session=True, cwd=str(path), env=self._env(str(path / "workspace")))
 
     async def _wait_ready(self, sid: str, proc: asyncio.subprocess.Process, path: Path) -> None:
+        assert proc.stdout is not None  # spawned with stdout=PIPE
         try:
             async with asyncio.timeout(self.start_timeout_s):
                 line = await proc.stdout.readline()
@@ -483,6 +486,8 @@ class LocalBackend:
             except TimeoutError:
                 return None
         code = live.proc.returncode
+        if code is None:  # still running after the settle time: no cause yet
+            return None
         plan = live.plan
         if code < 0:  # bubblewrap itself was signalled: it is a host process outside the sandbox's pid namespace, no
             # command can see or signal it, so this came from outside (host, admin, OOM) -- unless it shares the
@@ -509,7 +514,7 @@ class LocalBackend:
 
     @staticmethod
     async def _oom_kills(cgroups: Sequence[str]) -> int | None:
-        return await asyncio.to_thread(limits.oom_kills_known, cgroups)
+        return await asyncio.to_thread(limits.oom_kills_known, tuple(cgroups))
 
     @staticmethod
     def _read_state(path: Path) -> dict | None:

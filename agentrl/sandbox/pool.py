@@ -302,6 +302,7 @@ class SandboxPool:
     async def _start_admitted(self, spec: SandboxSpec) -> Sandbox:
         t0 = time.monotonic()
         try:
+            assert self.backend is not None, "the pool is not entered"  # set by __aenter__
             async with asyncio.timeout(self.start_timeout_s):
                 handle = await self.backend.create(spec, dict(self._labels))
         except TimeoutError:
@@ -333,6 +334,7 @@ class SandboxPool:
     async def _destroy(self, sb: Sandbox) -> None:
         try:
             await sb.close()
+            assert self.backend is not None
             await self.backend.destroy(sb.handle)
             self._counters["destroyed"] += 1
         except Exception as e:  # never let teardown mask the lease's own outcome; the sweep retries later

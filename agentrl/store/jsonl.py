@@ -117,7 +117,8 @@ def _jsonable(root: Any, depth: int) -> Any:
         if isinstance(value, (dict, list, tuple, set, frozenset)) and depth >= MAX_LINE_DEPTH:
             parent[key] = f"<{type(value).__name__} nested deeper than {MAX_LINE_DEPTH} levels: not stored>"
         elif isinstance(value, dict):
-            parent[key] = copy = {}
+            copy: dict[Any, Any] = {}
+            parent[key] = copy
             for k, v in value.items():
                 k = k if k is None or _plain(k) is k else str(_scalar(k))
                 copy[k] = None  # keeps the key order (children are filled in from the stack's top)
@@ -220,7 +221,8 @@ def read_trajectories(path: str | os.PathLike[str], errors: list[LineError] | No
 def _complete_prefix(data: bytes) -> int:
     """Byte length of the longest prefix of `data` made of complete groups of complete lines."""
     end = data.rfind(b"\n") + 1  # drop a torn last line
-    good, pos, counts = 0, 0, {}
+    good, pos = 0, 0
+    counts: dict[str, int] = {}
     while pos < end:
         nl = data.index(b"\n", pos) + 1
         try:

@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from agentrl.types import Generation, SamplingParams
+from agentrl.types import FinishReason, Generation, SamplingParams
 
 Reply = Callable[[str, int, list[int]], str]
 
@@ -45,7 +45,7 @@ class ScriptedEngine:
         text = self._replies(session_id, self._turns[session_id], input_ids)
         self._turns[session_id] += 1
         ids = list(self.tok.encode(text, add_special_tokens=False)) + [self.eos_token_ids[0]]
-        finish = "stop"
+        finish: FinishReason = "stop"
         if len(ids) > sampling.max_new_tokens:
             ids, finish = ids[: sampling.max_new_tokens], "length"
         lps = [self._logprob - 0.001 * (i % 7) for i in range(len(ids))]

@@ -38,7 +38,16 @@ from typing import Any, ClassVar
 
 from agentrl.envs.base import Env, Task
 from agentrl.errors import SandboxDiedError
-from agentrl.types import Generation, SamplingParams, TestOutcome, TestReport, ToolCall, ToolResult, ToolSpec
+from agentrl.types import (
+    FinishReason,
+    Generation,
+    SamplingParams,
+    TestOutcome,
+    TestReport,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+)
 
 RUN = ToolSpec(name="run_python", description="Run Python code; returns its output.",
                parameters={"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]})
@@ -83,7 +92,7 @@ class SimulatedEngine:
         version = self.weight_version
         pick = hash((len(input_ids), tuple(input_ids[-16:]), sampling.seed)) % len(self._reply_ids)
         ids = self._reply_ids[pick]
-        finish = "stop"
+        finish: FinishReason = "stop"
         if len(ids) > sampling.max_new_tokens:
             ids, finish = ids[: sampling.max_new_tokens], "length"
         cached = _reusable(self._cache.pop(session_id, None), input_ids)
@@ -223,7 +232,7 @@ class SimulatedEnv(Env):
 
     name: ClassVar[str] = "simulated"
     action_format = "codeblock"
-    tools: ClassVar[list[ToolSpec]] = [RUN]
+    tools: list[ToolSpec] = [RUN]
     system_prompt = "Answer with one ```python code block."
 
     def __init__(self, tasks: int = 16, **options: Any) -> None:

@@ -80,6 +80,7 @@ class DeferredDrift:
         async with self._starting:
             if self._pool is None:
                 self._pool = await asyncio.wait_for(_in_daemon_thread(self._new_pool), self.timeout_s)
+            assert self._pool is not None
             return self._pool
 
     def _new_pool(self) -> ProcessPoolExecutor:

@@ -316,7 +316,8 @@ class ChatRenderer:
         return self._shapes[key]
 
     def _learn_shape(self, obs: list[dict[str, Any]]) -> _Shape | None:
-        slotted, slots = [], []
+        slotted: list[dict[str, Any]] = []
+        slots: list[tuple[int, str]] = []
         for i, m in enumerate(obs):
             m = dict(m)
             for f in _FIELDS:

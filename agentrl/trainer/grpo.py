@@ -121,7 +121,7 @@ class EpochRepeatSampler(RepeatSampler):
     cannot restore)."""
 
     def __init__(self, *args: Any, seed: int, **kwargs: Any) -> None:
-        super().__init__(*args, seed=seed, **kwargs)
+        super().__init__(*args, seed=seed, **kwargs)  # type: ignore[misc]  # seed is keyword-only here, never in args
         self._base_seed = seed
         self.epoch = 0
 
@@ -159,12 +159,12 @@ class AgentGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs: Any) -> Any:
         out = super()._generate_and_score_completions(inputs)
         mask = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
-        mode = "train" if self.model.training else "eval"
+        mode = "train" if self.model is not None and self.model.training else "eval"
         ratio = out.get("importance_sampling_ratio")
         if ratio is not None:
             self._metrics[mode][IS_CLIPPED_KEY].append(clipped_fraction(
                 ratio, mask, self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min,
-                self.vllm_importance_sampling_clip_max))
+                self.vllm_importance_sampling_clip_max))  # type: ignore[arg-type]  # set from our config, a float
         if out.get("sampling_per_token_logps") is not None and (self.measure_mismatch or
                                                                   out.get("old_per_token_logps") is not None):
             self._log_mismatch(out, mask, mode)
@@ -194,8 +194,8 @@ class AgentGRPOTrainer(GRPOTrainer):
         return EpochRepeatSampler(
             data_source=dataset if dataset is not None else self.train_dataset,
             mini_repeat_count=self.num_generations,
-            batch_size=self.args.generation_batch_size // self.num_generations,
-            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            batch_size=self.args.generation_batch_size // self.num_generations,  # type: ignore[attr-defined]
+            repeat_count=self.num_iterations * self.args.steps_per_generation,  # type: ignore[attr-defined]
             shuffle=self.shuffle_dataset,
             seed=self.args.seed,
         )

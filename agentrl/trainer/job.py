@@ -142,7 +142,7 @@ def task_dataset(tasks: list[Task], batch_size: int) -> Any:
     return Dataset.from_dict({"prompt": ids})
 
 
-def _weight_sync(cfg: TrainConfig, engine: Any, loop: BackgroundLoop | None) -> WeightSync:
+def _weight_sync(cfg: TrainConfig, engine: Any, loop: BackgroundLoop | None) -> WeightSync:  # None: not rank 0
     if cfg.weight_sync == "disk":
         return DiskWeightSync(engine, loop, cfg.output_dir / "weights")
     if cfg.weight_sync == "adapter":

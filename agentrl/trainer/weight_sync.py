@@ -38,6 +38,13 @@ from agentrl.errors import ConfigError
 from agentrl.trainer.loop import BackgroundLoop
 
 
+def _on(loop: BackgroundLoop | None) -> BackgroundLoop:
+    """The job's loop; a rank other than 0 has none and never pushes weights (rank 0 holds the engine)."""
+    if loop is None:
+        raise RuntimeError("weight sync without the job's loop: only rank 0 pushes weights to the engine")
+    return loop
+
+
 class WeightSync(Protocol):
     def sync(self, trainer: Any, version: int) -> None:
         """Give the engine the trainer's current weights, tagged `version`; returns when the engine uses them."""
@@ -68,7 +75,7 @@ def merged_state_dict(peft_model: Any) -> dict[str, torch.Tensor]:
             for adapter in module.active_adapters:
                 if adapter in module.lora_A:
                     key = f"{name}.weight"
-                    delta = module.get_delta_weight(adapter)
+                    delta = module.get_delta_weight(adapter)  # type: ignore[attr-defined]  # peft's concrete layers
                     deltas[key] = deltas[key] + delta if key in deltas else delta
     out: dict[str, torch.Tensor] = {}
     for key, value in base.state_dict().items():
@@ -111,14 +118,14 @@ def rank0_weights(trainer: Any) -> Any:
 class LocalWeightSync:
     """In-process engine: copy the trainer's weights into the engine's model (on the engine's own loop)."""
 
-    def __init__(self, engine: Any, loop: BackgroundLoop) -> None:
+    def __init__(self, engine: Any, loop: BackgroundLoop | None) -> None:
         self.engine = engine
         self.loop = loop
 
     def sync(self, trainer: Any, version: int) -> None:
         weights = rank0_weights(trainer)
         if trainer.accelerator.is_main_process:
-            self.loop.run(self.engine.update_weights(weights, version))
+            _on(self.loop).run(self.engine.update_weights(weights, version))
 
 
 class _SavedWeightSync:
@@ -128,7 +135,7 @@ class _SavedWeightSync:
 
     PATTERN = "*"
 
-    def __init__(self, engine: Any, loop: BackgroundLoop, directory: Path, *, keep: int = 1) -> None:
+    def __init__(self, engine: Any, loop: BackgroundLoop | None, directory: Path, *, keep: int = 1) -> None:
         self.engine = engine
         self.loop = loop
         self.directory = Path(directory)
@@ -137,7 +144,7 @@ class _SavedWeightSync:
     def sync(self, trainer: Any, version: int) -> None:
         path = self.save(trainer, version)
         if trainer.accelerator.is_main_process:
-            self.loop.run(self._hand_over(str(path), version))
+            _on(self.loop).run(self._hand_over(str(path), version))
         trainer.accelerator.wait_for_everyone()
         if trainer.accelerator.is_main_process:
             prune(self.directory, self.PATTERN, self.keep)
@@ -191,7 +198,7 @@ class AdapterWeightSync(_SavedWeightSync):
 
     PATTERN = "adapter-*"
 
-    def __init__(self, engine: Any, loop: BackgroundLoop, directory: Path, *, keep: int = 1) -> None:
+    def __init__(self, engine: Any, loop: BackgroundLoop | None, directory: Path, *, keep: int = 1) -> None:
         if not callable(getattr(engine, "load_adapter", None)):
             raise ConfigError(f"weight_sync: adapter needs an engine that loads LoRA adapters (local, sglang, vllm); "
                               f"{type(engine).__name__} does not: use weight_sync: disk")

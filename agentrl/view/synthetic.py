@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator
+from typing import Any
 
 from agentrl.types import (
     Status,
@@ -65,7 +66,9 @@ def trajectory(rng: random.Random, k: int, *, step: int | None, group_size: int 
     """The k-th synthetic trajectory (its group is k // group_size); `output_chars` pads every tool output."""
     status = rng.choice(STATUSES)
     n_turns = rng.randint(1, max_turns)
-    turns, ids, mask = [], [], []
+    turns: list[Any] = []
+    ids: list[int] = []
+    mask: list[int] = []
     version = step or 0
     for i in range(n_turns):
         turn, t_ids, t_mask = _turn(rng, i, len(ids), version, i == n_turns - 1, text_words, output_chars)

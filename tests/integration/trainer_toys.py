@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from agentrl.envs import Env, Task, register_env
 from agentrl.types import TestOutcome, TestReport, ToolCall, ToolResult, ToolSpec
@@ -28,7 +28,7 @@ class PrintNumberEnv(Env):
     """Write a ```python block that prints the task's number (toy env for trainer tests)."""
 
     action_format = "codeblock"
-    tools: ClassVar[list[ToolSpec]] = [RUN_PYTHON]
+    tools: list[ToolSpec] = [RUN_PYTHON]
     system_prompt = "Answer with one ```python code block."
 
     def __init__(self, tasks: int = 16, **options: Any) -> None:

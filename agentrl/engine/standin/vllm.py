@@ -55,7 +55,7 @@ _NEUTRAL = {"n": 1, "echo": False, "stream": False, "min_p": 0.0, "repetition_pe
 _HONOURED = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids", "logprobs",
              "return_token_ids", "return_tokens_as_token_ids", "return_weight_versions", "request_id", "session_id",
              "stop", "bad_words", *_NEUTRAL}
-_EMPTY_OK = {"stop": ([], None, ""), "bad_words": ([], None)}
+_EMPTY_OK: dict[str, tuple[Any, ...]] = {"stop": ([], None, ""), "bad_words": ([], None)}
 
 __all__ = ["VLLMStandIn", "StandInServer", "serve"]
 
@@ -202,8 +202,9 @@ class VLLMStandIn(StandInCore):
         return web.json_response({"weight_version": self.label})
 
     async def models(self, request: web.Request) -> web.Response:
-        card = {"id": self.served_model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
-                "root": self.model_path, "parent": None, "max_model_len": self.context_window, "permission": []}
+        card: dict[str, Any] = {
+            "id": self.served_model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+            "root": self.model_path, "parent": None, "max_model_len": self.context_window, "permission": []}
         loras = [{**card, "id": name, "root": path, "parent": self.served_model}
                  for name, path in self.adapters.items()]
         return web.json_response({"object": "list", "data": [card, *loras]})

@@ -130,9 +130,9 @@ def load_contract(root: Path) -> LoadedContract:
     contract = LoadedContract(modules=_stub_modules(root), root=root)
     with contract.installed():
         for name, member in REAL_MODULES:
-            module = _new_module(contract.modules, name, root / member)
+            loaded = _new_module(contract.modules, name, root / member)
             try:
-                exec(compile((root / member).read_text(), str(root / member), "exec"), module.__dict__)  # noqa: S102
+                exec(compile((root / member).read_text(), str(root / member), "exec"), loaded.__dict__)  # noqa: S102
             except Exception as exc:
                 raise MissingDependencyError(f"cannot load vLLM {VLLM_VERSION}'s {member} with agentrl's stubs "
                                              f"({type(exc).__name__}: {exc}); rerun `{FETCH_COMMAND}`") from exc

@@ -277,8 +277,8 @@ class Informer:
         if name is None:
             event, self._any = self._any, asyncio.Event()
             event.set()
-        elif (event := self._signals.pop(name, None)) is not None:
-            event.set()
+        elif name in self._signals:
+            self._signals.pop(name).set()
 
     def changed(self) -> asyncio.Event:
         """An event set at the next change of any object."""

@@ -196,8 +196,9 @@ class KubernetesBackend:
         self._bootstrapped = True
 
     async def _call(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
-        c = self.config
-        return await retrying(lambda: self.api.request(method, path, **kwargs), attempts=c.api_attempts,
+        c, api = self.config, self.api
+        assert api is not None, "the backend is not started"  # _started() connects first
+        return await retrying(lambda: api.request(method, path, **kwargs), attempts=c.api_attempts,
                               base_s=c.backoff_base_s, cap_s=c.backoff_max_s, what=what)
 
     async def _ensure(self, plural: str, name: str, body: dict[str, Any]) -> dict[str, Any]:

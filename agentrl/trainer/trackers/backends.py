@@ -92,7 +92,8 @@ class WandbTracker:
                                   save_code=False, x_save_requirements=False, disable_job_creation=True,
                                   show_warnings=False)
         self.run = wandb.init(project=state.get("project", project), name=run_name, id=self.id, resume="allow",
-                              dir=str(run_dir), config=config, mode=self.mode, settings=settings)
+                              dir=str(run_dir), config=config, mode=self.mode,  # type: ignore[arg-type]  # W&B checks it
+                              settings=settings)
         self.dir = Path(self.run.dir).parent  # <run>/wandb/offline-run-<time>-<id>
 
     def info(self) -> dict[str, Any]:

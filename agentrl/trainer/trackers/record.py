@@ -77,7 +77,11 @@ def trajectory_table(step: int, trajectories: Sequence[Trajectory], prompts: Map
                      n: int) -> list[list[Any]]:
     """Up to `n` trajectories of the step: the first sample of each group first, then the rest in stored order."""
     groups: set[str] = set()
-    firsts = [t for t in trajectories if t.group_id not in groups and not groups.add(t.group_id)]
+    firsts = []
+    for t in trajectories:
+        if t.group_id not in groups:
+            groups.add(t.group_id)
+            firsts.append(t)
     first_ids = {t.id for t in firsts}
     picked = [*firsts, *(t for t in trajectories if t.id not in first_ids)][:n]
     return [table_row(step, t, prompts.get(t.task_id, "")) for t in picked]

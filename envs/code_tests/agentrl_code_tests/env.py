@@ -15,7 +15,7 @@ answers raises (infra).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentrl.envs import Env, Task, register_env
 from agentrl.errors import SandboxDiedError
@@ -47,7 +47,7 @@ IO_SLACK_S = 5.0  # file reads/writes around the runs
 class CodeTestsEnv(Env):
     """Implement a Python function; reward = hidden unit tests passed (easy tasks + HumanEval)."""
 
-    action_format = "codeblock"
+    action_format: Literal["hermes", "codeblock"] = "codeblock"
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

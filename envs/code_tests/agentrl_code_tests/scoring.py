@@ -75,7 +75,7 @@ async def run_harness(sandbox: Sandbox, data: Any, solution: str, tests: Sequenc
     result = await sandbox.exec(judge_argv(sandbox, harness_source()), stdin=spec, timeout=budget_s + HARNESS_SLACK_S)
     line, why = _result_object(result, nonce)
     report = _report(result, [name for name, _ in tests], line, why)
-    if report.error is None:
+    if report.error is None and line is not None:
         _warn_if_dumpable_at_start(sandbox.judge_python, line.get("nondumpable_from_exec") is True)
     return report.model_copy(update={"subject": solution_digest(solution)})
 

@@ -117,11 +117,11 @@ def venv_wheels(venv: Path, wheels: Path) -> list[Path]:
     out = []
     for info in sorted(site[0].glob("*.dist-info")):
         dist, _, version = info.name[: -len(".dist-info")].rpartition("-")
-        whl = cached.get((_norm(dist), version))
-        if whl is None:
+        found = cached.get((_norm(dist), version))
+        if found is None:
             raise ConfigError(f"{dist} {version} is installed in {venv} but its wheel is not in {wheels}: run "
                               "`python -m agentrl_repo_fix prepare` again")
-        out.append(whl)
+        out.append(found)
     return out
 
 

@@ -23,7 +23,7 @@ import operator
 from typing import Any
 
 MAX_REASONS = 5
-_REBUILD_ATOMS = {"n": lambda v: None, "b": bool, "i": int, "f": float, "j": complex, "s": str,
+_REBUILD_ATOMS: dict[str, Any] = {"n": lambda v: None, "b": bool, "i": int, "f": float, "j": complex, "s": str,
                   "y": bytes.fromhex}
 _OPS = {"Eq": operator.eq, "NotEq": operator.ne, "Lt": operator.lt, "LtE": operator.le, "Gt": operator.gt,
         "GtE": operator.ge, "In": lambda a, b: a in b, "NotIn": lambda a, b: a not in b}

@@ -164,7 +164,8 @@ async def _str_replace(sandbox: Sandbox, path: str, args: dict[str, Any]) -> str
 
 
 def _match_lines(text: str, needle: str) -> str:
-    lines, pos = [], text.find(needle)
+    lines: list[str] = []
+    pos = text.find(needle)
     while pos != -1 and len(lines) < 20:
         lines.append(str(text[:pos].count("\n") + 1))
         pos = text.find(needle, pos + 1)

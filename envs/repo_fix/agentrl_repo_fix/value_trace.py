@@ -29,6 +29,7 @@ import json
 import operator
 import re
 import types
+from typing import Any
 
 _type, _id, _len, _bool, _repr = type, id, len, bool, repr
 _QUAL = type.__dict__["__qualname__"].__get__
@@ -45,7 +46,9 @@ _ATOMS = {_id(t): k for t, k in ((_type(None), "n"), (bool, "b"), (int, "i"), (f
 _CONTAINERS = {_id(t): k for t, k in ((list, "l"), (tuple, "t"), (set, "S"), (frozenset, "F"), (dict, "d"))}
 _METHOD, _FUNCTION = types.MethodType, types.FunctionType
 _METHOD_FUNC = types.MethodType.__dict__["__func__"]
-_FUNCS = {_id(t) for t in (_type(len), _type(lambda: 0), _type([].append), _type(_type.mro), _type(object.__init__))}
+_FUNC_TYPES: tuple[Any, ...] = (_type(len), _type(lambda: 0), _type([].append), _type(_type.mro),
+                                _type(object.__init__))
+_FUNCS = {_id(t) for t in _FUNC_TYPES}
 OPS = {"Eq": operator.eq, "NotEq": operator.ne, "Lt": operator.lt, "LtE": operator.le, "Gt": operator.gt,
        "GtE": operator.ge, "In": lambda a, b: a in b, "NotIn": lambda a, b: a not in b, "Is": operator.is_,
        "IsNot": operator.is_not}
@@ -77,7 +80,8 @@ class _Snap:
     """One snapshot: the plain-data form of a value; `plain` stays True while only exact builtin types were seen."""
 
     def __init__(self) -> None:
-        self.nodes, self.plain, self.path = 0, True, set()
+        self.nodes, self.plain = 0, True
+        self.path: set[int] = set()
 
     def of(self, v: object, depth: int = 0) -> list:
         self.nodes += 1
@@ -97,7 +101,7 @@ class _Snap:
         finally:
             self.path.discard(_id(v))
 
-    def _composite(self, v: object, t: type, depth: int) -> list:
+    def _composite(self, v: Any, t: type, depth: int) -> list:
         kind = _CONTAINERS.get(_id(t))
         if kind in ("l", "t"):
             return [kind, [self.of(x, depth + 1) for x in (list.__iter__(v) if kind == "l" else tuple.__iter__(v))]]
@@ -254,7 +258,8 @@ class _Instrument(ast.NodeTransformer):
     def _hook(self, name: str, node: ast.AST, args: list) -> ast.Call:
         """A call of this module's `name` at `node`'s place (only the nodes made here get locations: pytest's own
         may lack end positions, which the compiler accepts and fix_missing_locations would get wrong)."""
-        where = {a: getattr(node, a, None) for a in ("lineno", "col_offset", "end_lineno", "end_col_offset")}
+        where: dict[str, Any] = {a: getattr(node, a, None)
+                                 for a in ("lineno", "col_offset", "end_lineno", "end_col_offset")}
         base = ast.Name(self.alias, ast.Load(), **where)
         func = ast.Attribute(base, name, ast.Load(), **where)
         site = ast.Constant(f"{self.rel}:{where['lineno']}:{where['col_offset']}", **where)

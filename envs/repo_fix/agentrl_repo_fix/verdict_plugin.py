@@ -37,6 +37,7 @@ import sys
 import sysconfig
 import time
 from types import BuiltinFunctionType, FunctionType
+from typing import Any
 
 import pytest
 
@@ -55,7 +56,7 @@ TRACE = importlib.import_module(_CONF["trace"])  # value_trace.py under its rand
 TRACE.configure(REPO, _CONF["tmp"])
 TRUSTED = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sysconfig.get_paths()["stdlib"])})
 SELF = os.path.realpath(__file__)
-_state = {"seq": 0, "lines": 0, "ended": False, "exitstatus": None, "tampered": set(), "audit_s": 0.0}
+_state: dict[str, Any] = {"seq": 0, "lines": 0, "ended": False, "exitstatus": None, "tampered": set(), "audit_s": 0.0}
 _phases: dict[str, list[str]] = {}
 _messages: dict[str, str] = {}
 _tests: dict[str, tuple[int, int]] = {}
@@ -191,9 +192,9 @@ import _pytest.assertion.rewrite as _rewrite  # noqa: E402 - imported by pytest 
 
 _rewrite_asserts = _rewrite.rewrite_asserts
 _rewrite.rewrite_asserts = _instrumenting_rewrite
-os._exit = _guarded_exit
-atexit.register = _guarded_register
-_MODULES: dict[str, object] = {}
+os._exit = _guarded_exit  # type: ignore[assignment]  # the guard records the call, then exits
+atexit.register = _guarded_register  # type: ignore[assignment]  # the guard records who registered
+_MODULES: dict[str, Any] = {}
 _NAMES: Names = []
 _CODES: list[tuple[FunctionType, object]] = []
 _CLASS_KEYS: list[tuple[type, frozenset]] = []
@@ -230,7 +231,7 @@ def _audit_now(config: pytest.Config | None) -> None:
             _tamper(f"the harness module {name} was replaced in sys.modules")
     for name, module in current.items():
         if name not in _MODULES and _origin(getattr(module, "__file__", None)) is not None:
-            _tamper(f"the harness module {name} comes from {_origin(module.__file__)}")
+            _tamper(f"the harness module {name} comes from {_origin(getattr(module, '__file__', None))}")
     for what in _changed():
         _tamper(f"{what} was changed at run time")
     if sys.gettrace() is not None or sys.getprofile() is not None:
