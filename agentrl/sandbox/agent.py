@@ -824,8 +824,13 @@ ALLOWED["time"] = """
     timer_gettime:224:108 timer_getoverrun:225:109 timer_delete:226:111 pause:34:-1"""
 ALLOWED["signals"] = """
     rt_sigaction:13:134 rt_sigprocmask:14:135 rt_sigreturn:15:139 rt_sigpending:127:136 rt_sigsuspend:130:133
-    rt_sigtimedwait:128:137 sigaltstack:131:132 kill:62:129 tkill:200:130 tgkill:234:131 rt_sigqueueinfo:129:138
-    rt_tgsigqueueinfo:297:240 pidfd_open:434:434 pidfd_send_signal:424:424"""
+    rt_sigtimedwait:128:137 sigaltstack:131:132"""
+# every call that can signal another process (or open a handle to signal it with): allowed, but in notify mode
+# (kernel >= 5.5) each goes to the listener first, which looks at the target and lets the kernel go on
+# (SECCOMP_USER_NOTIF_FLAG_CONTINUE: the kernel's own permission check decides, the count grants nothing)
+SIGNALS = """
+    kill:62:129 tkill:200:130 tgkill:234:131 rt_sigqueueinfo:129:138 rt_tgsigqueueinfo:297:240 pidfd_open:434:434
+    pidfd_send_signal:424:424"""
 ALLOWED["ipc"] = """
     shmget:29:194 shmat:30:196 shmdt:67:197 shmctl:31:195 semget:64:190 semop:65:193 semtimedop:220:192
     semctl:66:191 msgget:68:186 msgsnd:69:189 msgrcv:70:188 msgctl:71:187 mq_open:240:180 mq_unlink:241:181
@@ -863,16 +868,22 @@ def numbers(arch):
     return allowed, {nr for nr in table(PROBES, col).values() if nr >= 0}
 
 
+def signals(arch):
+    """{signalling call nr} of `arch` (SIGNALS)."""
+    return {nr for nr in table(SIGNALS, ARCHES[arch][1]).values() if nr >= 0}
+
+
 def names(arch):
     col = ARCHES[arch][1]
-    out = {nr: name for text in ALLOWED.values() for name, nr in table(text, col).items() if nr >= 0}
+    out = {nr: name for text in (*ALLOWED.values(), SIGNALS) for name, nr in table(text, col).items() if nr >= 0}
     out.update({nr: name for name, nr in table(PROBES, col).items() if nr >= 0})
     return out
 
 
-def _section(arch, probe, other):
+def _section(arch, probe, other, signal=RET_ALLOW):
     """One architecture's instructions (labels resolved by `program`): seccomp_data.nr checked for x32, clone,
-    clone3 and the probes, then against the allow-list (sorted ranges, two jumps each); the rest is refused."""
+    clone3, the probes and the SIGNALS (`signal`: watched or allowed), then against the allow-list (sorted ranges,
+    two jumps each); the rest is refused."""
     allowed, probes = numbers(arch)
     clone = table(ALLOWED["processes"], ARCHES[arch][1])["clone"]
     sock = table(ALLOWED["network"], ARCHES[arch][1])["socket"]
@@ -887,6 +898,7 @@ def _section(arch, probe, other):
         ins.append((0x35, "probe", None, X32_BIT))  # jge: an x32 call
     ins += [(0x15, "clone", None, clone), (0x15, "socket", None, sock), (0x15, "enosys", None, CLONE3[arch])]
     ins += [(0x15, "probe", None, nr) for nr in sorted(probes)]
+    ins += [(0x15, "signal", None, nr) for nr in sorted(signals(arch))]
     for lo, hi in ranges:
         ins += [(0x35, None, "other", lo), (0x25, None, "allow", hi)]  # jge lo / jgt hi
     ins += [("other",), (0x06, None, None, other), ("allow",), (0x06, None, None, RET_ALLOW), ("probe",),
@@ -894,7 +906,8 @@ def _section(arch, probe, other):
             (0x20, None, None, 16), (0x45, None, "clone_ok", CLONE_NAMESPACES),  # ld args[0] (low word); jset
             (0x06, None, None, probe), ("clone_ok",), (0x06, None, None, RET_ALLOW), ("socket",),
             (0x20, None, None, 16), (0x15, None, "socket_ok", AF_VSOCK),  # ld args[0]; jeq
-            (0x06, None, None, probe), ("socket_ok",), (0x06, None, None, RET_ALLOW)]
+            (0x06, None, None, probe), ("socket_ok",), (0x06, None, None, RET_ALLOW), ("signal",),
+            (0x06, None, None, signal)]
     return _resolve(ins)
 
 
@@ -913,11 +926,13 @@ def _resolve(ins):
     return code
 
 
-def program(notify):
-    """The whole filter: the architecture check, then one section per known architecture."""
+def program(notify, watch_signals=False):
+    """The whole filter: the architecture check, then one section per known architecture. `watch_signals` (notify
+    only): the SIGNALS go to the listener too (it answers them with SECCOMP_USER_NOTIF_FLAG_CONTINUE)."""
     probe = RET_NOTIFY if notify else RET_ERRNO | EPERM
     other = RET_NOTIFY if notify else RET_ERRNO | ENOSYS
-    x86, arm = _section("x86_64", probe, other), _section("aarch64", probe, other)
+    signal = RET_NOTIFY if notify and watch_signals else RET_ALLOW
+    x86, arm = _section("x86_64", probe, other, signal), _section("aarch64", probe, other, signal)
     head = [(0x20, 0, 0, 4), (0x15, 2, 0, ARCHES["x86_64"][0]), (0x15, 1 + len(x86), 0, ARCHES["aarch64"][0]),
             (0x06, 0, 0, probe)]
     return b"".join(op.to_bytes(2, "little") + bytes((jt, jf)) + k.to_bytes(4, "little")
@@ -935,8 +950,11 @@ def install(libc, notify=True):
     class Prog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
     why = ""
+    # SECCOMP_USER_NOTIF_FLAG_CONTINUE came with Linux 5.5: before it a watched signal could not be let through
+    release = [int("0" + "".join(c for c in part if c.isdigit())) for part in os.uname().release.split(".")[:2]]
+    watch_signals = release >= [5, 5]
     for listen in ((True, False) if notify else (False,)):
-        code = program(listen)
+        code = program(listen, watch_signals)
         prog = Prog(len(code) // 8, code)
         fd = libc.syscall(ctypes.c_long(SYS_SECCOMP[arch]), ctypes.c_long(1), ctypes.c_long(8 if listen else 0),
                           ctypes.byref(prog))
@@ -1147,6 +1165,7 @@ SECCOMP_POLICY = "notify"  # the spawner's syscall policy: notify (refusals coun
 _POLICY: dict = {}
 exec(SECCOMP_SOURCE, _POLICY)  # its tables and functions (nothing is installed in the agent)
 _NOTIF_RECV, _NOTIF_SEND = 0xC0502100, 0xC0182101  # SECCOMP_IOCTL_NOTIF_RECV / _SEND
+_NOTIF_FLAG_CONTINUE = 1  # SECCOMP_USER_NOTIF_FLAG_CONTINUE: the call goes on as if the filter had allowed it
 
 
 class _NotifData(ctypes.Structure):
@@ -1162,20 +1181,152 @@ class _NotifResp(ctypes.Structure):
     _fields_ = [("id", ctypes.c_uint64), ("val", ctypes.c_int64), ("error", ctypes.c_int32), ("flags", ctypes.c_uint32)]
 
 
+class SignalTargets:
+    """Whether a call of SIGNALS reaches a process outside the policy's own (SeccompWatch counts it then): the agent
+    itself, or any process whose /proc/PID/mem the command user does not own: the kernel gives it the process's euid,
+    or root for a non-dumpable process (the directory itself keeps the euid): the agent, the relay, the pid
+    namespace's init (tini, the pod's pause), the spawner and a judge (both non-dumpable). A command's own
+    processes, its children, its process groups and itself are the command user's and dumpable: uncounted. Names:
+    "signal_foreign" (a signal or a signal check, sig 0: kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo,
+    pidfd_send_signal; kill(-1) always, it reaches the spawner; kill(-PGID) when a member of the group is foreign),
+    "pidfd_foreign" (pidfd_open of a foreign process) and "signal_unresolved" (the caller is not visible to the agent,
+    or the target of a pidfd_send_signal descriptor cannot be read: the caller made itself non-dumpable). Pids in the
+    arguments are the caller's pid namespace's: every backend runs the commands in the agent's (bubblewrap: the agent
+    is inside the sandbox's; docker and kubernetes: one shared pid namespace) and the policy refuses new ones
+    (unshare, clone with namespace flags), so they are read as they are. Nothing is granted or refused here."""
+
+    PIDFD_SIGNAL_PROCESS_GROUP = 4
+
+    def __init__(self, identity: "Identity") -> None:
+        self._identity = identity
+        self._me = os.getpid()
+
+    def judge(self, name: str, caller: int, args: list[int]) -> str | None:
+        a = [ctypes.c_int32(x & 0xFFFFFFFF).value for x in args]  # pid_t and int arguments
+        if name == "pidfd_send_signal":
+            pid = self._pidfd_target(caller, a[0])
+            if pid is None:
+                return "signal_unresolved"
+            targets = self._group(self._pgid(pid)) if args[3] & self.PIDFD_SIGNAL_PROCESS_GROUP else [pid]
+        elif name == "kill":
+            if a[0] == 0:  # the caller's own process group
+                return None
+            if a[0] == -1:  # every process the caller may signal but itself: the spawner among them
+                return "signal_foreign"
+            targets = [a[0]] if a[0] > 0 else self._group(-a[0])
+        elif name in ("tgkill", "rt_tgsigqueueinfo"):
+            targets = [a[0], a[1]]
+        else:  # tkill, rt_sigqueueinfo, pidfd_open
+            targets = [a[0]]
+        if any(self._foreign(t) for t in targets if t > 0):
+            return "pidfd_foreign" if name == "pidfd_open" else "signal_foreign"
+        return None
+
+    def _foreign(self, pid: int) -> bool:
+        if pid == self._me:
+            return True
+        try:
+            return os.stat(f"/proc/{pid}/mem").st_uid != self._identity.uid  # not the directory: its owner is the euid
+        except OSError:  # no such process: the call fails with ESRCH and reaches nothing
+            return False
+
+    @staticmethod
+    def _pgid(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return int(f.read().rpartition(b")")[2].split()[2])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def _group(self, pgid: int) -> list[int]:
+        if pgid <= 0:
+            return []
+        return [int(p) for p in os.listdir("/proc") if p.isdigit() and self._pgid(int(p)) == pgid]
+
+    def _pidfd_target(self, caller: int, fd: int) -> int | None:
+        """The pid a descriptor of `caller` refers to (a pidfd, or a /proc/PID directory), 0 when that process is
+        gone, None when it cannot be read (read with the command user's fsuid: the agent holds no CAP_SYS_PTRACE)."""
+        if caller <= 0 or fd < 0:
+            return None
+        with self._identity.files():
+            try:
+                with open(f"/proc/{caller}/fdinfo/{fd}") as f:
+                    for line in f:
+                        if line.startswith("Pid:"):
+                            return max(int(line.split()[1]), 0)
+                link = os.readlink(f"/proc/{caller}/fd/{fd}")
+            except (OSError, ValueError, IndexError):
+                return None
+        head, _, tail = link.rpartition("/")
+        return int(tail) if tail.isdigit() and head.endswith("/proc") else None
+
+
+class NetAttempts:
+    """Attempts to reach a network the sandbox does not have, counted from the kernel's own counters of the network
+    namespace the agent shares with the commands (bubblewrap --unshare-net with the agent inside; docker "none",
+    the commands' container in the agent's): Ip OutNoRoutes of /proc/net/snmp and Ip6OutNoRoutes of
+    /proc/net/snmp6. With loopback as the only interface, every packet, connect or DNS query to an address that is
+    not loopback's fails its route lookup and moves one of them, whatever the call, the socket type or the process
+    (background ones included); loopback traffic (tests with localhost servers) moves neither. Enabled only where
+    the namespace has no interface but `lo` (no network by spec); a namespace with one (network by spec, a
+    Kubernetes pod's own interface that carries the agent's API) is not counted. `take()`: the attempts since the
+    last take."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        try:
+            with open("/proc/net/dev") as f:
+                names = {line.partition(":")[0].strip() for line in f.readlines()[2:] if ":" in line}
+            self.enabled = names == {"lo"}
+            self._last = self._read() if self.enabled else 0
+        except (OSError, ValueError):
+            self.enabled, self._last = False, 0
+
+    @staticmethod
+    def _read() -> int:
+        total = 0
+        with open("/proc/net/snmp") as f:
+            lines = f.read().splitlines()
+        for head, values in zip(lines[::2], lines[1::2]):
+            if head.startswith("Ip:"):
+                total += int(dict(zip(head.split()[1:], values.split()[1:])).get("OutNoRoutes", 0))
+        try:
+            with open("/proc/net/snmp6") as f:
+                total += sum(int(v) for k, v in (line.split() for line in f if line.strip()) if k == "Ip6OutNoRoutes")
+        except OSError:  # no IPv6 in this kernel
+            pass
+        return total
+
+    def take(self) -> int:
+        if not self.enabled:
+            return 0
+        with self._lock:
+            try:
+                now = self._read()
+            except (OSError, ValueError):
+                return 0
+            n, self._last = max(now - self._last, 0), now
+        return n
+
+
 class SeccompWatch:
     """The supervisor of the syscall policy's refusals (notify mode): one thread polls the listener of every
     spawner started (a spawner's commands keep its filter, and so its listener, after it died), answers each refused
     call with the errno the policy gives it (EPERM for the PROBES, a foreign architecture, x32 and clone with
     namespace flags, socket for AF_VSOCK; ENOSYS for the rest) and counts it by name: PROBES by their name,
-    "clone_namespace", "socket_vsock", "x32", "arch:0x...", the rest "enosys:NAME" (or "enosys:NR"). `take()` hands out the counts seen since the last take:
+    "clone_namespace", "socket_vsock", "x32", "arch:0x...", the rest "enosys:NAME" (or "enosys:NR"). The SIGNALS
+    are not refused: each is let through (SECCOMP_USER_NOTIF_FLAG_CONTINUE, the kernel's permission check decides)
+    and counted when its target is foreign (`SignalTargets`). `take()` hands out the counts seen since the last take:
     every refusal of the whole episode is reported once, background processes' included. The count is the kernel's
-    (each notification is one refused call); nothing a command prints enters it."""
+    (each notification is one call); nothing a command prints enters it."""
 
-    def __init__(self) -> None:
+    def __init__(self, targets: "SignalTargets | None" = None) -> None:
         self._libc = ctypes.CDLL(None, use_errno=True)
-        self._names, self._probes, self._clone, self._socket = {}, {}, {}, {}
+        self._targets = targets
+        self._names, self._probes, self._clone, self._socket, self._signals = {}, {}, {}, {}, {}
         for machine, (audit, column) in _POLICY["ARCHES"].items():
             self._names[audit] = _POLICY["names"](machine)
+            self._signals[audit] = _POLICY["signals"](machine)
             self._probes[audit] = _POLICY["numbers"](machine)[1]
             self._clone[audit] = _POLICY["table"](_POLICY["ALLOWED"]["processes"], column)["clone"]
             self._socket[audit] = _POLICY["table"](_POLICY["ALLOWED"]["network"], column)["socket"]
@@ -1216,8 +1367,19 @@ class SeccompWatch:
         notif = _Notif()
         if self._libc.ioctl(fd, ctypes.c_ulong(_NOTIF_RECV), ctypes.byref(notif)) != 0:
             return  # the caller died meanwhile
-        name, err = self._name(notif.data.arch, notif.data.nr)
-        self._libc.ioctl(fd, ctypes.c_ulong(_NOTIF_SEND), ctypes.byref(_NotifResp(notif.id, 0, -err, 0)))
+        if notif.data.nr in self._signals.get(notif.data.arch, ()):
+            name = None
+            try:
+                name = self._targets.judge(self._names[notif.data.arch][notif.data.nr], notif.pid,
+                                           list(notif.data.args)) if self._targets is not None else None
+            finally:  # the caller waits for this answer whatever the look at its target gave
+                self._libc.ioctl(fd, ctypes.c_ulong(_NOTIF_SEND),
+                                 ctypes.byref(_NotifResp(notif.id, 0, 0, _NOTIF_FLAG_CONTINUE)))
+            if name is None:
+                return
+        else:
+            name, err = self._name(notif.data.arch, notif.data.nr)
+            self._libc.ioctl(fd, ctypes.c_ulong(_NOTIF_SEND), ctypes.byref(_NotifResp(notif.id, 0, -err, 0)))
         with self._lock:
             self._counts[name] = self._counts.get(name, 0) + 1
 
@@ -1906,7 +2068,8 @@ class Agent:
         # separated (by uid, by cgroup or by container): commands start through a fork server that is already where
         # they belong
         separated = self.identity.separated or self.cgroup.enabled or relay
-        self._watch = SeccompWatch() if separated and SECCOMP_POLICY == "notify" else None
+        self._watch = SeccompWatch(SignalTargets(self.identity)) if separated and SECCOMP_POLICY == "notify" else None
+        self._net = NetAttempts()
         self._spawner = Spawner(self.identity, self.cgroup, self._reaper, relay, self._watch) if separated else None
         if self._spawner is not None and relay:
             self._spawner.on_counter_files = self.counters.use_files
@@ -1937,8 +2100,13 @@ class Agent:
         return "none: the spawner cannot start here" if spawner.unusable else spawner.seccomp
 
     def probes(self) -> dict[str, int]:
-        """The syscall policy's refusals since the last report (SeccompWatch.take), {} without a watch."""
-        return self._watch.take() if self._watch is not None else {}
+        """What was observed since the last report: the syscall policy's refusals and signals to foreign processes
+        (SeccompWatch.take, none without a watch) and "network_attempt" (NetAttempts.take)."""
+        out = self._watch.take() if self._watch is not None else {}
+        net = self._net.take()
+        if net:
+            out["network_attempt"] = out.get("network_attempt", 0) + net
+        return out
 
     def exec(self, req: dict) -> dict:
         argv = _argv(req.get("cmd"))
