@@ -1183,9 +1183,9 @@ class _NotifResp(ctypes.Structure):
 
 class SignalTargets:
     """Whether a call of SIGNALS reaches a process outside the policy's own (SeccompWatch counts it then): the agent
-    itself, or any process whose /proc/PID/mem the command user does not own: the kernel gives it the process's euid,
-    or root for a non-dumpable process (the directory itself keeps the euid): the agent, the relay, the pid
-    namespace's init (tini, the pod's pause), the spawner and a judge (both non-dumpable). A command's own
+    itself; a process of another euid (the owner of /proc/PID): the agent, the relay, the pid namespace's init (tini,
+    the pod's pause); or a non-dumpable process of the command user (its /proc/PID/mem is root's) that does not
+    descend from the caller: the spawner, a judge (a judge ending its own helpers is not counted). A command's own
     processes, its children, its process groups and itself are the command user's and dumpable: uncounted. Names:
     "signal_foreign" (a signal or a signal check, sig 0: kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo,
     pidfd_send_signal; kill(-1) always, it reaches the spawner; kill(-PGID) when a member of the group is foreign),
@@ -1218,17 +1218,43 @@ class SignalTargets:
             targets = [a[0], a[1]]
         else:  # tkill, rt_sigqueueinfo, pidfd_open
             targets = [a[0]]
-        if any(self._foreign(t) for t in targets if t > 0):
+        if any(self._foreign(t, caller) for t in targets if t > 0):
             return "pidfd_foreign" if name == "pidfd_open" else "signal_foreign"
         return None
 
-    def _foreign(self, pid: int) -> bool:
+    def _foreign(self, pid: int, caller: int) -> bool:
         if pid == self._me:
             return True
         try:
-            return os.stat(f"/proc/{pid}/mem").st_uid != self._identity.uid  # not the directory: its owner is the euid
+            if os.stat(f"/proc/{pid}").st_uid != self._identity.uid:  # the directory's owner: the euid
+                return True
+            if os.stat(f"/proc/{pid}/mem").st_uid == self._identity.uid:  # the files': root's when non-dumpable
+                return False
         except OSError:  # no such process: the call fails with ESRCH and reaches nothing
             return False
+        return not self._descends(pid, self._tgid(caller))  # a judge may end its own helpers
+
+    @staticmethod
+    def _tgid(tid: int) -> int:
+        try:
+            with open(f"/proc/{tid}/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("Tgid:"))
+        except (OSError, ValueError, StopIteration):
+            return 0
+
+    @staticmethod
+    def _descends(pid: int, ancestor: int) -> bool:
+        for _ in range(256):
+            if pid == ancestor:
+                return True
+            if pid <= 1:
+                return False
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    pid = int(f.read().rpartition(b")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                return False
+        return False
 
     @staticmethod
     def _pgid(pid: int) -> int:
