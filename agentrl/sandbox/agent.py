@@ -1200,8 +1200,14 @@ class SignalTargets:
     def __init__(self, identity: "Identity") -> None:
         self._identity = identity
         self._me = os.getpid()
+        self.graders: set[int] = set()  # running execs whose program is the agent's judge_python (the host's graders)
 
     def judge(self, name: str, caller: int, args: list[int]) -> str | None:
+        """The count's name for this call of `caller` (a thread id), None when it reaches only the policy's own
+        processes or comes from a grader itself (an exec of judge_python: repo_fix's shell client ends every other
+        process of the command user, the spawner included; a grader's descendants are not exempt)."""
+        if self.graders and caller > 0 and self._tgid(caller) in self.graders:
+            return None
         a = [ctypes.c_int32(x & 0xFFFFFFFF).value for x in args]  # pid_t and int arguments
         if name == "pidfd_send_signal":
             pid = self._pidfd_target(caller, a[0])
@@ -2094,7 +2100,8 @@ class Agent:
         # separated (by uid, by cgroup or by container): commands start through a fork server that is already where
         # they belong
         separated = self.identity.separated or self.cgroup.enabled or relay
-        self._watch = SeccompWatch(SignalTargets(self.identity)) if separated and SECCOMP_POLICY == "notify" else None
+        self._targets = SignalTargets(self.identity)
+        self._watch = SeccompWatch(self._targets) if separated and SECCOMP_POLICY == "notify" else None
         self._net = NetAttempts()
         self._spawner = Spawner(self.identity, self.cgroup, self._reaper, relay, self._watch) if separated else None
         if self._spawner is not None and relay:
@@ -2162,13 +2169,17 @@ class Agent:
             late = time.monotonic() >= start + timeout
             code = None if late else -signal.SIGKILL if e.killed_in_flight else 126
             return _result(code, b"", f"agent: {e}\n".encode(), late, False, start)
+        grader = self.judge_python is not None and argv[0] == self.judge_python
         with self._lock:
             self._groups.add(proc.pid)
+            if grader:
+                self._targets.graders.add(proc.pid)
         try:
             result = self._finish(run, proc, start + timeout, start)
         finally:
             with self._lock:
                 self._groups.discard(proc.pid)
+                self._targets.graders.discard(proc.pid)
         if kill_leftovers:
             self._kill_leftovers()
         result["probes"] = self.probes()
