@@ -1306,27 +1306,33 @@ class NetAttempts:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._fds: list[int] = []
+        self.enabled, self._last = False, 0
         try:
             with open("/proc/net/dev") as f:
                 names = {line.partition(":")[0].strip() for line in f.readlines()[2:] if ":" in line}
-            self.enabled = names == {"lo"}
-            self._last = self._read() if self.enabled else 0
+            if names != {"lo"}:
+                return
+            self._fds.append(os.open("/proc/net/snmp", os.O_RDONLY | os.O_CLOEXEC))
+            try:  # absent without IPv6
+                self._fds.append(os.open("/proc/net/snmp6", os.O_RDONLY | os.O_CLOEXEC))
+            except OSError:
+                pass
+            self._last = self._read()
+            self.enabled = True
         except (OSError, ValueError):
-            self.enabled, self._last = False, 0
+            _close(tuple(self._fds))
 
-    @staticmethod
-    def _read() -> int:
-        total = 0
-        with open("/proc/net/snmp") as f:
-            lines = f.read().splitlines()
-        for head, values in zip(lines[::2], lines[1::2]):
-            if head.startswith("Ip:"):
-                total += int(dict(zip(head.split()[1:], values.split()[1:])).get("OutNoRoutes", 0))
-        try:
-            with open("/proc/net/snmp6") as f:
-                total += sum(int(v) for k, v in (line.split() for line in f if line.strip()) if k == "Ip6OutNoRoutes")
-        except OSError:  # no IPv6 in this kernel
-            pass
+    def _read(self) -> int:
+        """The two counters, from the descriptors kept open (pread at 0 makes the kernel write the file anew)."""
+        snmp = os.pread(self._fds[0], 1 << 16, 0)
+        at = 0 if snmp.startswith(b"Ip: ") else snmp.index(b"\nIp: ") + 1  # the header line, then the values
+        head, values = snmp[at:].split(b"\n", 2)[:2]
+        total = int(values.split()[head.split().index(b"OutNoRoutes")])
+        if len(self._fds) > 1:
+            snmp6 = os.pread(self._fds[1], 1 << 16, 0)
+            at = snmp6.find(b"Ip6OutNoRoutes")
+            total += int(snmp6[at + 14:snmp6.index(b"\n", at)]) if at >= 0 else 0
         return total
 
     def take(self) -> int:

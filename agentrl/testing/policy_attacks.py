@@ -1,7 +1,10 @@
 """Attacks on what the syscall policy and the agent's counters observe (agentrl/sandbox/agent.py, SECCOMP_SOURCE and
-ResourceCounters), as reusable checks that every tier runs through `sandbox_attacks.ALL` / `RESOURCE_ATTACKS`:
-probes of kernel interfaces a task never needs are refused and counted, and an OOM kill the exit code hides is
-counted. Imports nothing but the sandbox client types.
+ResourceCounters, SignalTargets, NetAttempts), as reusable checks that every tier runs through
+`sandbox_attacks.ALL` / `RESOURCE_ATTACKS`: probes of kernel interfaces a task never needs are refused and counted,
+an OOM kill the exit code hides is counted, signals to processes the command did not start and attempts to reach a
+network the sandbox does not have are counted (PROBE_ATTACKS), and what honest commands do with signals and
+localhost sockets counts nothing (`attack_none_honest_signals_and_sockets`, the false-positive check). Imports
+nothing but the sandbox client types.
 """
 
 from __future__ import annotations
@@ -150,6 +153,7 @@ async def attack_signal_after_the_command(sb: Sandbox) -> None:
 # the namespace has IPv6), and a background process that tries after its command returned
 REACH_OUT = r"""
 import socket, subprocess, sys
+print("interfaces", len([line for line in open("/proc/net/dev").readlines()[2:] if line.split(":")[0].strip() != "lo"]))
 def attempt(name, family, kind, addr):
     s = socket.socket(family, kind)
     s.settimeout(1)
@@ -175,8 +179,14 @@ async def attack_reach_the_network(sb: Sandbox) -> None:
     the sandbox's network namespace count it ("network_attempt"), whichever call or process (background ones at the
     next report, here /kill_all); nothing is sent."""
     sb.take_observed()
-    r = await sb.exec(["python3", "-c", REACH_OUT])
+    r = await sb.exec(["python3", "-c", REACH_OUT], timeout=30)
     out = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    if out.get("interfaces") != "0":  # a network namespace with an interface (a Kubernetes pod's, which carries
+        # the agent's API; its NetworkPolicy drops what leaves): not counted there (docs/reward-integrity.md)
+        assert "network_attempt" not in r.probes, r
+        await sb.kill_all()
+        await still_serves(sb)
+        return
     assert r.exit_code == 0 and out["tcp"] == out["udp"] == "101", r  # ENETUNREACH
     assert r.probes == {"network_attempt": 3 if out["tcp6"] == "101" else 2}, r
     sb.take_observed()
@@ -216,7 +226,7 @@ PY
 """
 
 
-async def honest_signals_and_sockets_raise_nothing(sb: Sandbox) -> None:
+async def attack_none_honest_signals_and_sockets(sb: Sandbox) -> None:
     """The false-positive check of the two attacks above: no count for any of HONEST."""
     sb.take_observed()
     r = await sb.exec(["bash", "-c", HONEST])
@@ -225,4 +235,5 @@ async def honest_signals_and_sockets_raise_nothing(sb: Sandbox) -> None:
     assert [o.probes for o in sb.take_observed() if o.probes] == [], "counted at kill_all"
 
 
-PROBE_ATTACKS = (attack_signal_foreign_processes, attack_signal_after_the_command, attack_reach_the_network)
+PROBE_ATTACKS = (attack_signal_foreign_processes, attack_signal_after_the_command, attack_reach_the_network,
+                 attack_none_honest_signals_and_sockets)

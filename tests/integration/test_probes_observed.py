@@ -1,21 +1,19 @@
-"""Probing observed, not only blocked (agent.SignalTargets, agent.NetAttempts) through real local sandboxes: signals
-to processes the command did not start and attempts to reach a network the sandbox does not have are counted by
-the agent from the kernel (seccomp notifications, the network namespace's counters), for the whole episode, while
-what honest commands do with signals and localhost sockets counts nothing. Docker's tier runs the same checks in
-tests/docker/test_attacks.py."""
+"""Probing observed, not only blocked (agent.SignalTargets, agent.NetAttempts): the attacks themselves
+(agentrl.testing.policy_attacks.PROBE_ATTACKS) run on every tier through sandbox_attacks.ALL
+(tests/integration/test_sandbox_attacks.py, tests/docker/test_attacks.py, the k8s tier); here what only the local
+tier can set up: a sandbox whose spec allows network counts no network attempt."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agentrl.sandbox import SandboxPool, SandboxSpec
-from agentrl.testing import policy_attacks
 from tests.integration.test_sandbox_local import needs_bwrap
 
 pytestmark = [needs_bwrap, pytest.mark.skipif(os.geteuid() != 0, reason="uid separation needs a root host user")]
@@ -29,27 +27,9 @@ def state_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-async def pool(state_dir: Path) -> AsyncIterator[SandboxPool]:
-    async with SandboxPool("local", SPEC, warm=0, max_sandboxes=1, state_dir=state_dir) as p:
-        yield p
-
-
-@pytest.mark.parametrize("attack", policy_attacks.PROBE_ATTACKS, ids=lambda f: f.__name__)
-async def test_probe_is_counted(pool: SandboxPool, attack) -> None:
-    async with pool.lease() as sb:
-        await attack(sb)
-
-
-async def test_honest_signals_and_localhost_sockets_count_nothing(pool: SandboxPool) -> None:
-    async with pool.lease() as sb:
-        await policy_attacks.honest_signals_and_sockets_raise_nothing(sb)
-
-
 async def test_network_by_spec_is_not_counted(state_dir: Path) -> None:
     spec = SPEC.model_copy(update={"network": True})
-    async with SandboxPool("local", spec, warm=0, max_sandboxes=1, state_dir=state_dir) as pool:
-        async with pool.lease() as sb:
-            r = await sb.exec(["python3", "-c", "import socket\ntry:\n socket.create_connection(('192.0.2.1', 80), "
-                                                "0.5)\nexcept OSError:\n pass"])
+    reach = "import socket\ntry:\n socket.create_connection(('192.0.2.1', 80), 0.5)\nexcept OSError:\n pass"
+    async with SandboxPool("local", spec, warm=0, max_sandboxes=1, state_dir=state_dir) as pool, pool.lease() as sb:
+        r = await sb.exec(["python3", "-c", reach])
     assert "network_attempt" not in r.probes, r
