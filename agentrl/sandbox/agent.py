@@ -33,7 +33,10 @@ start through setpriv as before.
 
 The syscall policy (SECCOMP_SOURCE): the spawner installs one allow-list seccomp filter on itself before it serves,
 so every command on every backend runs under it; its refusals go to the agent (seccomp user notification, the
-listener passed with the spawner's ready answer), which answers them and counts them (`SeccompWatch`).
+listener passed with the spawner's ready answer), which answers them and counts them (`SeccompWatch`). The calls
+that can signal another process go to the agent too and are let through; it counts those whose target is outside
+the policy's own processes (`SignalTargets`). Attempts to reach a network the sandbox does not have are counted from
+the network namespace's own counters (`NetAttempts`).
 
 Resource separation (`--cgroups v1:D1:D2...` or `--cgroups v2:D`, each D a sandbox cgroup directory with `agent` and
 `commands` children, the agent in `agent`): every command starts in `commands`, which carries the sandbox's memory,
@@ -73,7 +76,9 @@ costs no thread:
     POST /exec     {cmd: str|list, timeout, cwd, env, stdin, output_limit, kill_leftovers}
                    -> {exit_code, stdout, stderr, timed_out, truncated, duration_s, probes, resources}
                    kill_leftovers: after the command, kill every process of the command user (as /kill_all)
-                   probes: the syscall policy's refusals since the last report, by name (SeccompWatch);
+                   probes: what was observed since the last report, by name: the syscall policy's refusals
+                   (SeccompWatch), signal_foreign / pidfd_foreign / signal_unresolved (SignalTargets) and
+                   network_attempt (NetAttempts), background processes' included;
                    resources: the commands' counters that moved during the command (ResourceCounters)
     POST /kill_all {} -> {killed: n, probes}   every process in `commands` (resource-separated), else every
                    process of the command user (uid-separated) or every descendant of the agent (single uid), until
@@ -769,8 +774,9 @@ def _killpg(pgid: int) -> None:
 # ptrace and reading other processes, mounts and namespaces, bpf, perf, userfaultfd, kexec and modules, io_uring)
 # with EPERM, the rest (calls newer or rarer than this list) with ENOSYS, so programs that probe for them fall back.
 # With `notify` the refusals go to a listener (SECCOMP_RET_USER_NOTIF) instead: the agent answers them with the same
-# errno and counts them, so probing is seen as well as blocked. Each table entry is NAME:X86_64_NR:AARCH64_NR (-1:
-# not on that architecture).
+# errno and counts them, so probing is seen as well as blocked; the SIGNALS (every call that can signal another
+# process) go there as well on Linux >= 5.5 and are let through (SeccompWatch, SignalTargets). Each table entry is
+# NAME:X86_64_NR:AARCH64_NR (-1: not on that architecture).
 SECCOMP_SOURCE = r'''# agentrl syscall policy
 import ctypes, os
 ALLOWED = {}
