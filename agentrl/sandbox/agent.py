@@ -77,7 +77,7 @@ costs no thread:
                    -> {exit_code, stdout, stderr, timed_out, truncated, duration_s, probes, resources}
                    kill_leftovers: after the command, kill every process of the command user (as /kill_all)
                    probes: what was observed since the last report, by name: the syscall policy's refusals
-                   (SeccompWatch), signal_foreign / pidfd_foreign / signal_unresolved (SignalTargets) and
+                   (SeccompWatch), signal_foreign / signal_unresolved (SignalTargets) and
                    network_attempt (NetAttempts), background processes' included;
                    resources: the commands' counters that moved during the command (ResourceCounters)
     POST /kill_all {} -> {killed: n, probes}   every process in `commands` (resource-separated), else every
@@ -830,12 +830,14 @@ ALLOWED["time"] = """
     timer_gettime:224:108 timer_getoverrun:225:109 timer_delete:226:111 pause:34:-1"""
 ALLOWED["signals"] = """
     rt_sigaction:13:134 rt_sigprocmask:14:135 rt_sigreturn:15:139 rt_sigpending:127:136 rt_sigsuspend:130:133
-    rt_sigtimedwait:128:137 sigaltstack:131:132"""
-# every call that can signal another process (or open a handle to signal it with): allowed, but in notify mode
-# (kernel >= 5.5) each goes to the listener first, which looks at the target and lets the kernel go on
-# (SECCOMP_USER_NOTIF_FLAG_CONTINUE: the kernel's own permission check decides, the count grants nothing)
+    rt_sigtimedwait:128:137 sigaltstack:131:132 pidfd_open:434:434"""
+# every call that can signal another process: allowed, but in notify mode (kernel >= 5.5) each goes to the listener
+# first, which looks at the target and lets the kernel go on (SECCOMP_USER_NOTIF_FLAG_CONTINUE: the kernel's own
+# permission check decides, the count grants nothing). pidfd_open is not among them: a pidfd signals nothing by
+# itself (pidfd_send_signal is watched; pidfd_getfd, process_madvise and setns are refused), and the spawner opens
+# one per command, which would cost every exec a round trip.
 SIGNALS = """
-    kill:62:129 tkill:200:130 tgkill:234:131 rt_sigqueueinfo:129:138 rt_tgsigqueueinfo:297:240 pidfd_open:434:434
+    kill:62:129 tkill:200:130 tgkill:234:131 rt_sigqueueinfo:129:138 rt_tgsigqueueinfo:297:240
     pidfd_send_signal:424:424"""
 ALLOWED["ipc"] = """
     shmget:29:194 shmat:30:196 shmdt:67:197 shmctl:31:195 semget:64:190 semop:65:193 semtimedop:220:192
@@ -1195,8 +1197,8 @@ class SignalTargets:
     processes, its children, its process groups and itself are the command user's and dumpable: uncounted. Names:
     "signal_foreign" (a signal or a signal check, sig 0: kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo,
     pidfd_send_signal; kill(-1) always, it reaches the spawner; kill(-PGID) when a member of the group is foreign),
-    "pidfd_foreign" (pidfd_open of a foreign process) and "signal_unresolved" (the caller is not visible to the agent,
-    or the target of a pidfd_send_signal descriptor cannot be read: the caller made itself non-dumpable). Pids in the
+    and "signal_unresolved" (the target of a pidfd_send_signal descriptor cannot be read: the caller made itself
+    non-dumpable, or it is not visible to the agent). Pids in the
     arguments are the caller's pid namespace's: every backend runs the commands in the agent's (bubblewrap: the agent
     is inside the sandbox's; docker and kubernetes: one shared pid namespace) and the policy refuses new ones
     (unshare, clone with namespace flags), so they are read as they are. Nothing is granted or refused here."""
@@ -1228,11 +1230,9 @@ class SignalTargets:
             targets = [a[0]] if a[0] > 0 else self._group(-a[0])
         elif name in ("tgkill", "rt_tgsigqueueinfo"):
             targets = [a[0], a[1]]
-        else:  # tkill, rt_sigqueueinfo, pidfd_open
+        else:  # tkill, rt_sigqueueinfo
             targets = [a[0]]
-        if any(self._foreign(t, caller) for t in targets if t > 0):
-            return "pidfd_foreign" if name == "pidfd_open" else "signal_foreign"
-        return None
+        return "signal_foreign" if any(self._foreign(t, caller) for t in targets if t > 0) else None
 
     def _foreign(self, pid: int, caller: int) -> bool:
         if pid == self._me:
