@@ -839,6 +839,9 @@ ALLOWED["signals"] = """
 SIGNALS = """
     kill:62:129 tkill:200:130 tgkill:234:131 rt_sigqueueinfo:129:138 rt_tgsigqueueinfo:297:240
     pidfd_send_signal:424:424"""
+# and the calls that name the process the kernel signals on a descriptor's I/O (SIGIO / F_SETSIG's): fcntl and ioctl
+# go to the listener with these commands only (args[1]), every other fcntl and ioctl stays allowed
+OWNER_CMDS = {"fcntl": (8, 15), "ioctl": (0x8901, 0x8902)}  # F_SETOWN, F_SETOWN_EX; FIOSETOWN, SIOCSPGRP
 ALLOWED["ipc"] = """
     shmget:29:194 shmat:30:196 shmdt:67:197 shmctl:31:195 semget:64:190 semop:65:193 semtimedop:220:192
     semctl:66:191 msgget:68:186 msgsnd:69:189 msgrcv:70:188 msgctl:71:187 mq_open:240:180 mq_unlink:241:181
@@ -895,7 +898,8 @@ def _section(arch, probe, other, signal=RET_ALLOW):
     allowed, probes = numbers(arch)
     clone = table(ALLOWED["processes"], ARCHES[arch][1])["clone"]
     sock = table(ALLOWED["network"], ARCHES[arch][1])["socket"]
-    allowed -= {clone, sock}
+    owners = {name: table(ALLOWED["files"], ARCHES[arch][1])[name] for name in OWNER_CMDS}
+    allowed -= {clone, sock, *owners.values()}
     ranges, ins = [], [(0x20, None, None, 0)]  # ld nr
     for nr in sorted(allowed):
         if ranges and ranges[-1][1] == nr - 1:
@@ -904,6 +908,10 @@ def _section(arch, probe, other, signal=RET_ALLOW):
             ranges.append([nr, nr])
     if arch == "x86_64":
         ins.append((0x35, "probe", None, X32_BIT))  # jge: an x32 call
+    for name, nr in owners.items():  # nr: args[1] (low word) against each command; the others go on with nr
+        ins += [(0x15, None, f"not_{name}", nr), (0x20, None, None, 24),
+                *[(0x15, f"{name}_signal", None, c) for c in OWNER_CMDS[name]], (0x06, None, None, RET_ALLOW),
+                (f"{name}_signal",), (0x06, None, None, signal), (f"not_{name}",)]
     ins += [(0x15, "clone", None, clone), (0x15, "socket", None, sock), (0x15, "enosys", None, CLONE3[arch])]
     ins += [(0x15, "probe", None, nr) for nr in sorted(probes)]
     ins += [(0x15, "signal", None, nr) for nr in sorted(signals(arch))]
@@ -1228,11 +1236,48 @@ class SignalTargets:
             if a[0] == -1:  # every process the caller may signal but itself: the spawner among them
                 return "signal_foreign"
             targets = [a[0]] if a[0] > 0 else self._group(-a[0])
+        elif name in ("fcntl", "ioctl"):
+            return self._owner(caller, a[1] & 0xFFFFFFFF, a[2], args[2])
         elif name in ("tgkill", "rt_tgsigqueueinfo"):
             targets = [a[0], a[1]]
         else:  # tkill, rt_sigqueueinfo
             targets = [a[0]]
         return "signal_foreign" if any(self._foreign(t, caller) for t in targets if t > 0) else None
+
+    def _owner(self, caller: int, cmd: int, value: int, pointer: int) -> str | None:
+        """fcntl F_SETOWN (value: a pid, or -PGID), F_SETOWN_EX (pointer: struct f_owner_ex {type, pid}), ioctl
+        FIOSETOWN / SIOCSPGRP (pointer: an int like F_SETOWN's): "sigio_foreign" when the process the kernel would
+        signal on the descriptor's I/O is foreign. The pointed-to value is read from the caller's memory
+        (/proc/CALLER/mem with the command user's fsuid); unreadable: "signal_unresolved"."""
+        if cmd == 8:
+            owner, group = abs(value), value < 0
+        else:
+            raw = self._peek(caller, pointer, 8 if cmd == 15 else 4)
+            if raw is None:
+                return "signal_unresolved"
+            if cmd == 15:
+                kind, owner = int.from_bytes(raw[:4], "little", signed=True), int.from_bytes(raw[4:], "little",
+                                                                                              signed=True)
+                group = kind == 2  # F_OWNER_PGRP
+            else:
+                value = int.from_bytes(raw, "little", signed=True)
+                owner, group = abs(value), value < 0
+        if owner <= 0:
+            return None
+        targets = self._group(owner) if group else [owner]
+        return "sigio_foreign" if any(self._foreign(t, caller) for t in targets) else None
+
+    def _peek(self, caller: int, address: int, size: int) -> bytes | None:
+        if caller <= 0:
+            return None
+        with self._identity.files():
+            try:
+                with open(f"/proc/{caller}/mem", "rb", buffering=0) as f:
+                    f.seek(address)
+                    raw = f.read(size)
+            except (OSError, ValueError, OverflowError):
+                return None
+        return raw if len(raw) == size else None
 
     def _foreign(self, pid: int, caller: int) -> bool:
         if pid == self._me:
@@ -1370,7 +1415,8 @@ class SeccompWatch:
         self._names, self._probes, self._clone, self._socket, self._signals = {}, {}, {}, {}, {}
         for machine, (audit, column) in _POLICY["ARCHES"].items():
             self._names[audit] = _POLICY["names"](machine)
-            self._signals[audit] = _POLICY["signals"](machine)
+            self._signals[audit] = _POLICY["signals"](machine) | {
+                _POLICY["table"](_POLICY["ALLOWED"]["files"], column)[name] for name in _POLICY["OWNER_CMDS"]}
             self._probes[audit] = _POLICY["numbers"](machine)[1]
             self._clone[audit] = _POLICY["table"](_POLICY["ALLOWED"]["processes"], column)["clone"]
             self._socket[audit] = _POLICY["table"](_POLICY["ALLOWED"]["network"], column)["socket"]
