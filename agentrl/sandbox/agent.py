@@ -77,7 +77,7 @@ costs no thread:
                    -> {exit_code, stdout, stderr, timed_out, truncated, duration_s, probes, resources}
                    kill_leftovers: after the command, kill every process of the command user (as /kill_all)
                    probes: what was observed since the last report, by name: the syscall policy's refusals
-                   (SeccompWatch), signal_foreign / signal_unresolved (SignalTargets) and
+                   (SeccompWatch), signal_foreign / sigio_foreign / signal_unresolved (SignalTargets) and
                    network_attempt (NetAttempts), background processes' included;
                    resources: the commands' counters that moved during the command (ResourceCounters)
     POST /kill_all {} -> {killed: n, probes}   every process in `commands` (resource-separated), else every
@@ -1205,6 +1205,7 @@ class SignalTargets:
     processes, its children, its process groups and itself are the command user's and dumpable: uncounted. Names:
     "signal_foreign" (a signal or a signal check, sig 0: kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo,
     pidfd_send_signal; kill(-1) always, it reaches the spawner; kill(-PGID) when a member of the group is foreign),
+    "sigio_foreign" (a foreign process or group named as a descriptor's signal owner: `_owner`),
     and "signal_unresolved" (the target of a pidfd_send_signal descriptor cannot be read: the caller made itself
     non-dumpable, or it is not visible to the agent). Pids in the
     arguments are the caller's pid namespace's: every backend runs the commands in the agent's (bubblewrap: the agent
@@ -1462,6 +1463,8 @@ class SeccompWatch:
             try:
                 name = self._targets.judge(self._names[notif.data.arch][notif.data.nr], notif.pid,
                                            list(notif.data.args)) if self._targets is not None else None
+            except Exception:  # noqa: BLE001 - this thread answers every notification: it must not die of one
+                name = "signal_unresolved"
             finally:  # the caller waits for this answer whatever the look at its target gave
                 self._libc.ioctl(fd, ctypes.c_ulong(_NOTIF_SEND),
                                  ctypes.byref(_NotifResp(notif.id, 0, 0, _NOTIF_FLAG_CONTINUE)))
