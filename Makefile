@@ -8,7 +8,7 @@ STAMP := $(VENV)/.agentrl-installed
 DEMO_OUT ?= runs/demo
 DEMO_ARGS ?=
 
-.PHONY: venv system-demo system-test demo test test-docker test-vllm test-k8s lint doctor clean
+.PHONY: venv system-demo system-test demo test test-docker test-vllm test-k8s test-chaos lint doctor clean
 
 venv: $(STAMP)
 
@@ -42,6 +42,12 @@ test-docker: venv
 # the stand-in held to it by one contract suite, and agentrl's rollout/train/eval/replay against it (docs/vllm.md).
 test-vllm: venv
 	AGENTRL_VLLM_PYTHON="$$(bash .ci/vllm-setup.sh | tail -n 1)" AGENTRL_REQUIRE_VLLM=1 $(PY) -m pytest -q tests/vllm_tier $(PYTEST_ARGS)
+
+# The chaos tier alone (make test runs it too, ~30 s): a small soak of the real `agentrl rollout` on local bubblewrap
+# sandboxes under host faults, engine / reward-service failures and policy attacks; needs root and bubblewrap.
+# benchmarks/bench_chaos.py runs the same harness (tests/chaos/chaos_*.py) at full size and times it.
+test-chaos: system-test venv
+	$(PY) -m pytest -q -m chaos tests/chaos $(PYTEST_ARGS)
 
 # demo: bubblewrap is required (the local sandbox). test: a tier whose package cannot be installed skips with the
 # reason instead (AGENTRL_REQUIRE_BWRAP=1 / _BROWSER=1 / _DOCKER=1 make it required).

@@ -58,7 +58,7 @@ class SGLangEngineConfig(_Config):
     max_sessions: int = Field(default=100_000, ge=1)  # sticky session pins kept (LRU)
 
     @model_validator(mode="after")
-    def _targets(self) -> "SGLangEngineConfig":
+    def _targets(self) -> SGLangEngineConfig:
         if not self.urls and not self.router_url:
             raise ValueError("set urls (worker URLs, --engine-url) or router_url (--router-url)")
         for url in [*self.urls, *([self.router_url] if self.router_url else [])]:

@@ -22,7 +22,8 @@ C = TypeVar("C", bound=type)
 
 class Registry(Generic[T]):
     """Classes of kind `base` by name. `what` names the kind in errors ("env", "reward source"); `decorator` is the
-    decorator's name in messages, `plural` the kind in "Known ...:"; `builtin_modules` are imported before each lookup (in-tree classes register on
+    decorator's name in messages, `plural` the kind in "Known ...:"; `builtin_modules` are imported before each lookup
+    (in-tree classes register on
     import)."""
 
     def __init__(self, base: type[T], group: str, *, what: str, decorator: str, plural: str | None = None,

@@ -3,7 +3,8 @@
 Owns: loading a trajectory file tolerantly (unreadable lines become counted `LineError`s, the rest is read),
 selecting trajectories (`--id` / `--task` / `--step`), re-executing every stored tool call in a fresh sandbox and
 comparing each result with what was stored, and re-scoring (from the stored record with a reward config — the
-given one, else the one each trajectory records — or by re-running an env's tests on the stored solution first). Does not own: drawing anything (`agentrl.view`), building sandbox pools
+given one, else the one each trajectory records — or by re-running an env's tests on the stored solution first). Does
+not own: drawing anything (`agentrl.view`), building sandbox pools
 (the caller passes a `PoolFactory`, the CLI builds it from flags), or the reward definition (`agentrl.reward`).
 
 Re-execution order: `env.setup(sandbox, task)` once, then `env.call_tool` for each stored `ToolCall` in turn

@@ -70,7 +70,8 @@ class ToolSpec(_Record):
 class IntegritySignal(_Record):
     """One piece of evidence, observed by the sandbox, the runner or the env (never taken from the policy's own
     text), that the policy reached for what judges it. Detection only: a signal never changes a reward. The rules and
-    the names live in `agentrl.runner.integrity`; docs/reward-integrity.md says what each observes and how it can miss."""
+    the names live in `agentrl.runner.integrity`; docs/reward-integrity.md says what each observes and how it can
+    miss."""
 
     name: str
     count: int = Field(default=1, ge=1)
@@ -99,7 +100,7 @@ class ToolResult(_Record):
     truncated: bool = False
     error: str | None = None  # "parse_error" | "unknown_tool" | "bad_arguments" | "tool_failed" | None
     done: bool = False  # the env says the episode is over after this call
-    tests: "TestReport | None" = None  # the (visible) tests the env ran for this call, as the grader reported them
+    tests: TestReport | None = None  # the (visible) tests the env ran for this call, as the grader reported them
     signals: list[IntegritySignal] = Field(default_factory=list)  # what the sandbox/env observed during this call
 
 
@@ -134,7 +135,7 @@ class Generation(_Record):
     worker: str | None = None
 
     @model_validator(mode="after")
-    def _lengths(self) -> "Generation":
+    def _lengths(self) -> Generation:
         if len(self.output_ids) != len(self.logprobs):
             raise ValueError(f"output_ids ({len(self.output_ids)}) and logprobs ({len(self.logprobs)}) differ")
         return self
@@ -231,7 +232,7 @@ class Trajectory(_Record):
         return max(version, SCHEMA_VERSION)
 
     @model_validator(mode="after")
-    def _invariants(self) -> "Trajectory":
+    def _invariants(self) -> Trajectory:
         n = len(self.completion_ids)
         if len(self.logprobs) != n or len(self.env_mask) != n:
             raise ValueError(

@@ -22,7 +22,7 @@ defaults (default); each size reports what the collector cost (collections, seco
 
 `--engine sglang` replaces the in-process simulated engine by the real SGLang engine client (agentrl.engine.sglang:
 the request body with the whole context's token ids, JSON, HTTP over loopback, the answer parsed into a Generation)
-talking to a stand-in SGLang server (agentrl.engine.standin, the SGLang face with its contract check) in its own
+talking to a stand-in SGLang server (agentrl.engine.standin.sglang, the SGLang face with its contract check) in its own
 process, whose model is the same simulated engine (same decode/prefill costs). `--obs-chars N` makes every tool
 output N characters long, so contexts grow by a few hundred tokens per turn (long multi-turn contexts: each turn's
 request carries all of them). The runner process's CPU per tool call then includes the client's per-turn cost; the
@@ -167,9 +167,9 @@ def pct(xs: list[float], q: float) -> float:
 def serve_standin(port: int, workload: str) -> None:
     """The stand-in SGLang server (its SGLang face: contract check, admission, JSON answer) over the workload's
     simulated model, on 127.0.0.1:`port`, until killed (`--serve-standin`: the server process of --engine sglang)."""
-    from agentrl.engine.sglang_contract import generate_validator
-    from agentrl.engine.standin import StandIn
-    from agentrl.engine.standin_core import StandInServer
+    from agentrl.engine.standin.sglang_contract import generate_validator
+    from agentrl.engine.standin.sglang import StandIn
+    from agentrl.engine.standin.core import StandInServer
 
     async def serve() -> None:
         engine = SimulatedEngine(tokenizer(), number_replies(), context_window=CONTEXT, **WORKLOADS[workload]["engine"])

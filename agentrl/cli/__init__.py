@@ -1,5 +1,6 @@
-"""The `agentrl` command line. The `agentrl.cli` package is the only place that wires components together
-(`wiring.py`); `display.py` draws progress and summaries. Nothing imports it.
+"""The `agentrl` command line: parses each command and runs it. A run's parts are built by the composition root
+(`agentrl.compose`), which only this package imports; the commands run them (`wiring.py`: rollout, envs check,
+sandbox gc; `train.py`: train and eval) and `display.py` draws progress and summaries. Nothing imports the CLI.
 
     agentrl rollout --env code_tests --tasks N --group-size G --max-turns T --out FILE [--config FILE.yaml] ...
     agentrl envs list
@@ -108,8 +109,8 @@ def _parse_kv(kv: str) -> tuple[str, Any]:
 
 
 def _cmd_rollout(a: argparse.Namespace) -> int:
-    from agentrl.config import RolloutConfig, load_config
     from agentrl.cli.wiring import run_rollout
+    from agentrl.config import RolloutConfig, load_config
 
     cfg = load_config(RolloutConfig, a.config, _overrides(a))
     return _run_cancellable(run_rollout(cfg))
@@ -142,14 +143,14 @@ def _cmd_sandbox_gc(a: argparse.Namespace) -> int:
 
 def _cmd_engine_serve(a: argparse.Namespace) -> int:
     if a.api == "vllm":
-        from agentrl.engine.vllm_standin import serve as serve_vllm
+        from agentrl.engine.standin.vllm import serve as serve_vllm
 
         if a.echo or a.weight_version != "default":
             raise ConfigError("engine serve --api vllm: --echo and --weight-version are SGLang stand-in options")
         return _run_cancellable(serve_vllm(a.model, host=a.host, port=a.port, worker_id=a.worker_id,
                                            max_batch_size=a.max_batch_size, context_window=a.context_window,
                                            seed=a.seed))
-    from agentrl.engine.standin import serve
+    from agentrl.engine.standin.sglang import serve
 
     return _run_cancellable(serve(a.model, host=a.host, port=a.port, worker_id=a.worker_id,
                                   max_batch_size=a.max_batch_size, context_window=a.context_window, seed=a.seed,
@@ -199,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rollout", help="run G samples of each task and store the trajectories")
     _add_rollout_args(p)
     p.set_defaults(func=_cmd_rollout)
-    envs = sub.add_parser("envs", help="list, create or check environments").add_subparsers(dest="envs_cmd", required=True)
+    envs = sub.add_parser("envs", help="list, create or check environments").add_subparsers(dest="envs_cmd",
+                                                                                          required=True)
     envs.add_parser("list", help="registered environments").set_defaults(func=_cmd_envs_list)
     add_envs_init(envs)
     c = envs.add_parser("check", help="run reference (or given) solutions through the real sandbox path")

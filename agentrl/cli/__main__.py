@@ -1,1 +1,5 @@
-from agentrl.cli import main; import sys; sys.exit(main())
+import sys
+
+from agentrl.cli import main
+
+sys.exit(main())

@@ -14,7 +14,6 @@ from rich.table import Table
 
 from agentrl.runner.progress import Progress
 
-
 HEARTBEAT_S = 10.0
 """Seconds between two heartbeat lines in a log (not a terminal): long work is never silent for longer."""
 
@@ -62,7 +61,7 @@ class ProgressDisplay:
         self._live: Live | None = None
         self._beat: asyncio.Task[None] | None = None
 
-    def __enter__(self) -> "ProgressDisplay":
+    def __enter__(self) -> ProgressDisplay:
         if self.use_live and self.console.is_terminal:
             self._live = Live(self.line(), console=self.console, refresh_per_second=2)
             self._live.__enter__()
@@ -74,7 +73,7 @@ class ProgressDisplay:
             await asyncio.sleep(0.5 if self._live is not None else self.every_s)
             self._show()
 
-    async def __aenter__(self) -> "ProgressDisplay":
+    async def __aenter__(self) -> ProgressDisplay:
         return self.__enter__()
 
     async def __aexit__(self, *exc: Any) -> None:

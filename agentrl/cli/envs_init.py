@@ -145,7 +145,8 @@ class {cls}(Env):
         return await self.finalize(sandbox, task)
 '''
 
-TEST = '''"""`agentrl envs check` on this env: every task's reference solution passes its hidden tests in a real sandbox."""
+TEST = '''"""`agentrl envs check` on this env: every task's reference solution passes its hidden tests in a real
+sandbox."""
 
 import subprocess
 import sys

@@ -119,7 +119,8 @@ def _load_solutions(path: Path) -> dict[str, str]:
             row = json.loads(line)
             out[str(row["task_id"])] = str(row["solution"])
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ConfigError(f'{path}:{lineno}: expected {{"task_id": ..., "solution": "<python source>"}} ({exc})')
+            raise ConfigError(
+                f'{path}:{lineno}: expected {{"task_id": ..., "solution": "<python source>"}} ({exc})') from None
     return out
 
 
@@ -202,7 +203,8 @@ async def _check_env(env: Env, progress: CheckProgress, *, solutions: Path | Non
             r = await score(task, case)
             ok = bool(r.total) and r.passed == r.total
             if ok != must_pass:
-                problems.append(f"the {label} {'passed' if ok else 'failed'} (it must {'pass' if must_pass else 'fail'})")
+                verdict, must = ("passed" if ok else "failed"), ("pass" if must_pass else "fail")
+                problems.append(f"the {label} {verdict} (it must {must})")
         again = await score(task, solution)
         if [(o.name, o.passed) for o in again.outcomes] != [(o.name, o.passed) for o in first.outcomes]:
             problems.append("a second run of the reference gave a different report")

@@ -38,7 +38,7 @@ class RunningBatch:
         width = max(b.mask.shape[1] for b in parts)
         layers = zip(*[b.cache.layers for b in parts])
         cache = other.cache
-        cache.layers = [SlotLayer.concat([(l.keys, l.values) for l in group], width) for group in layers]
+        cache.layers = [SlotLayer.concat([(lay.keys, lay.values) for lay in group], width) for group in layers]
         mask = torch.cat([pad_left(b.mask, width, 1) for b in parts])
         return RunningBatch(rows=[r for b in parts for r in b.rows], cache=cache, mask=mask,
                              next_pos=torch.cat([b.next_pos for b in parts]))
@@ -46,7 +46,8 @@ class RunningBatch:
     def row_kv(self, i: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Copies of row i's last `length` cache columns per layer, [1, H, length, D] each (its real tokens)."""
         width = self.mask.shape[1]
-        return [(layer.keys[i : i + 1, :, width - length :].clone(), layer.values[i : i + 1, :, width - length :].clone())
+        return [(layer.keys[i : i + 1, :, width - length :].clone(),
+                 layer.values[i : i + 1, :, width - length :].clone())
                 for layer in self.cache.layers]
 
     def select(self, keep: list[int]) -> RunningBatch:
@@ -187,7 +188,8 @@ def cache_from_prefixes(model: Any, prefixes: list[list[tuple[torch.Tensor, torc
     cache.layers = []
     for layer, (k0, _) in enumerate(template):
         empty = k0[:, :, :0]
-        parts = [(p[layer][0][:, :, :r], p[layer][1][:, :, :r]) if r else (empty, empty) for p, r in zip(prefixes, reuse)]
+        parts = [(p[layer][0][:, :, :r], p[layer][1][:, :, :r]) if r else (empty, empty)
+                 for p, r in zip(prefixes, reuse)]
         cache.layers.append(SlotLayer.concat(parts, width))
     return cache
 

@@ -168,7 +168,8 @@ def _decode(url: str, status: int, raw: bytes, errors: Errors) -> Any:
 
 
 def error_message(text: str) -> str:
-    """The server's message from an error body: {"error": "..."}, {"error": {"message": ...}}, {"message": ...}, text."""
+    """The server's message from an error body: {"error": "..."}, {"error": {"message": ...}}, {"message": ...},
+    text."""
     try:
         body = json.loads(text)
     except json.JSONDecodeError:

@@ -354,7 +354,8 @@ class LocalEngine:
         elif isinstance(source, (str, os.PathLike)):
             state = await asyncio.to_thread(self._load_checkpoint, Path(source))
         else:
-            raise ConfigError(f"update_weights: source must be a state dict, nn.Module or checkpoint dir, not {source!r}")
+            raise ConfigError("update_weights: source must be a state dict, nn.Module or checkpoint dir, "
+                              f"not {source!r}")
         expected = set(self.model.state_dict())
         missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
         if missing or unexpected:
@@ -515,7 +516,8 @@ class LocalEngine:
         with self._cond:
             self._stats.prefill_tokens += sum(lengths) - sum(reuse)
             self._stats.cached_tokens += sum(reuse)
-        fresh = RunningBatch(rows=list(rows), cache=cache, mask=mask, next_pos=torch.tensor(lengths, device=self.device))
+        fresh = RunningBatch(rows=list(rows), cache=cache, mask=mask,
+                             next_pos=torch.tensor(lengths, device=self.device))
         merged = into.merge(fresh)
         return self._sample_and_finish(merged, out.logits[:, -1], first=len(merged.rows) - len(rows))
 

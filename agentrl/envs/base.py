@@ -109,7 +109,8 @@ class Env:
     async def collect(self, sandbox: Sandbox, task: Task) -> Submission:
         """Fresh grading, step 1, in the policy's sandbox after its processes were killed: read what grading needs
         as data. Required when `grading_sandbox = "fresh"`."""
-        raise NotImplementedError(f"env {self.name!r} sets grading_sandbox={self.grading_sandbox!r} but has no collect()")
+        raise NotImplementedError(f"env {self.name!r} sets grading_sandbox={self.grading_sandbox!r} "
+                                  "but has no collect()")
 
     async def grade(self, sandbox: Sandbox, task: Task, submission: Submission) -> TestReport:
         """Fresh grading, step 2, in a fresh sandbox of the same pool (the policy never ran in it): the hidden tests

@@ -22,8 +22,9 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from agentrl.envs.base import Env
 from agentrl.errors import ConfigError

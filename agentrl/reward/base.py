@@ -42,7 +42,8 @@ class RewardSource(ABC):
 
     name: ClassVar[str] = ""
     Options: ClassVar[type[SourceOptions]] = SourceOptions
-    deterministic: ClassVar[bool] = True  # the same stored trajectory always gets the same value (rescore reproduces it)
+    # the same stored trajectory always gets the same value (rescore reproduces it)
+    deterministic: ClassVar[bool] = True
 
     def __init__(self, options: SourceOptions, *, prompt_messages: PromptMessages | None = None) -> None:
         self.options = options

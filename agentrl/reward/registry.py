@@ -4,7 +4,8 @@ lazily on each lookup, the in-tree sources imported first."""
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from agentrl.registry import Registry
 from agentrl.reward.base import RewardSource

@@ -5,8 +5,8 @@ This package face re-exports both for library users and tests. Inside agentrl on
 agentrl.runner.lag, agentrl.runner.progress): import contracts in pyproject.toml."""
 
 from agentrl.runner.lag import LoopLag
-from agentrl.runner.rollout import Budgets, Rollout
 from agentrl.runner.progress import Progress
+from agentrl.runner.rollout import Budgets, Rollout
 from agentrl.runner.scheduler import Scheduler, SchedulerConfig, check_time_needs
 
 __all__ = ["Budgets", "LoopLag", "Progress", "Rollout", "Scheduler", "SchedulerConfig", "check_time_needs"]

@@ -48,7 +48,8 @@ class UnscoredGuard:
         raise UnscoredLimitError(
             f"{self.unscored}/{self.total} trajectories of {where} ({self.frac:.0%}) ended as infra_error, over "
             f"the limit of {self.max_frac:.0%} (max_unscored_frac); most common cause: {cause} ({count}x). "
-            f"Unscored by error_kind: {dict(self.causes.most_common())}. Fix the cause (agentrl stats / the trajectories' "
+            f"Unscored by error_kind: {dict(self.causes.most_common())}. "
+            "Fix the cause (agentrl stats / the trajectories' "
             f"`error` field show details) or raise max_unscored_frac if this rate is expected.")
 
     def summary(self) -> dict[str, object]:

@@ -25,8 +25,8 @@ from agentrl.errors import EngineError, InfraError
 from agentrl.runner import integrity
 from agentrl.runner.seeds import turn_seed
 from agentrl.sandbox.client import Sandbox
-from agentrl.tools.parsers import parse_tool_calls
 from agentrl.tools.drift import DRIFT_MODES, DeferredDrift, DriftCheckError
+from agentrl.tools.parsers import parse_tool_calls
 from agentrl.tools.render import ChatRenderer, DriftCheck
 from agentrl.types import Generation, Message, SamplingParams, Status, ToolCall, ToolResult, Turn
 

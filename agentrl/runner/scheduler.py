@@ -3,9 +3,11 @@
 Owns: turning (task, sample) pairs into finished `Trajectory` records — leasing a sandbox, running the loop
 (`rollout.py`), killing what the policy left running and finalizing (hidden tests -> reward; for an env with
 `grading_sandbox = "fresh"`, collect in the policy's sandbox, return it, lease a second one and grade there), one
-deadline per stage (lease, setup, turns, finalize, teardown), attributing failures (`attribution.py`: infra_error only for
+deadline per stage (lease, setup, turns, finalize, teardown), attributing failures (`attribution.py`: infra_error only
+for
 causes that are provably not the policy's), retrying infrastructure failures within a budget, stopping a run whose
-unscored fraction is too high (`guard.py`), and yielding each group as soon as its G trajectories are done. Does not own: the loop itself,
+unscored fraction is too high (`guard.py`), and yielding each group as soon as its G trajectories are done. Does not
+own: the loop itself,
 the store (callers write what is yielded), or sandbox lifecycles (the pool's).
 
 Concurrency: `max_trajectories` bounds trajectories in flight (each holds one sandbox lease; the pool bounds

@@ -1,8 +1,10 @@
 """Sandboxes: isolated, stateful places where a trajectory's tool calls run.
 
 Public API: `SandboxPool` (leases), `Sandbox` (the handle a trajectory holds), `SandboxSpec`, `ExecResult`,
-`SandboxPathError`, `SandboxFileError`, `SandboxSurvivorsError`, the `SandboxBackend` protocol and `make_backend`. Backends live in `local.py`
-(bubblewrap), `docker.py`, `kubernetes.py`; the in-sandbox agent in `agent.py` (stdlib only, never imported by the
+`SandboxPathError`, `SandboxFileError`, `SandboxSurvivorsError`, the `SandboxBackend` protocol and `make_backend`.
+Backends live in `local.py`
+(bubblewrap), `docker.py` and the package `kubernetes/`; the in-sandbox agent in `agent.py` (stdlib only, never
+imported by the
 host side except for its constants).
 """
 

@@ -19,10 +19,13 @@ One sandbox = one container:
                the agent gets --writable for the latter)
     limits     nano_cpus = spec.cpus, mem_limit == memswap_limit = spec.memory (no swap), pids_limit = spec.pids;
                resource-separated (below): on the `commands` cgroup instead, the container itself is the agent's
-    hardening  read-only root fs, cap_drop ALL, no-new-privileges, Docker's default seccomp, network "none" unless
+    hardening  read-only root fs, cap_drop ALL, no-new-privileges, network "none" unless
                spec.network (then `network`, default "bridge"); uid separation when the host side is root: the
                agent is container uid 0 with only CAP_SETUID, CAP_SETGID, CAP_KILL added back and runs every command
-               as 1000:1000 (`--run-as`), which cannot signal, ptrace or read it nor reach its socket directory
+               as 1000:1000 (`--run-as`), which cannot signal, ptrace or read it nor reach its socket directory;
+               seccomp: agentrl's syscall policy, which the agent's spawner installs on every command, is the only
+               one where commands run uid-separated (Docker's profile off there: its refusals would come first,
+               uncounted); Docker's default profile without uid separation (no spawner, no policy of ours)
     labels     agentrl.owner=agentrl, agentrl.run_id, agentrl.owner_host, agentrl.owner_pid, agentrl.owner_start,
                agentrl.created_at, agentrl.ttl_s, agentrl.sock_dir
 
@@ -421,7 +424,8 @@ class DockerBackend:
             binds=binds, nano_cpus=int(spec.cpus * 1e9), mem_limit=spec.memory_bytes,
             memswap_limit=spec.memory_bytes, pids_limit=spec.pids, network_mode=f"container:{handle.id}",
             pid_mode=f"container:{handle.id}", ipc_mode=f"container:{handle.id}", read_only=True,
-            cap_drop=["ALL"], cap_add=["SETUID", "SETGID"], security_opt=["no-new-privileges"],
+            cap_drop=["ALL"], cap_add=["SETUID", "SETGID"],  # commands: agentrl's syscall policy, not Docker's
+            security_opt=["no-new-privileges", "seccomp=unconfined"],
             ulimits=[Ulimit(name="core", soft=0, hard=0), Ulimit(name="nofile", soft=4096, hard=4096)],
             log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
         )
@@ -516,7 +520,9 @@ class DockerBackend:
             tmpfs=tmpfs,
             **resources, network_mode=self._network if spec.network else "none",
             read_only=True, cap_drop=["ALL"], cap_add=AGENT_CAPS if self._root_host else None,
-            security_opt=["no-new-privileges"], init=True,
+            # uid-separated, every command runs under agentrl's own syscall policy (the spawner's): Docker's default
+            # profile would refuse some of its probes first, uncounted; without a spawner it stays the only one
+            security_opt=["no-new-privileges", *(["seccomp=unconfined"] if self._root_host else [])], init=True,
             ulimits=[Ulimit(name="core", soft=0, hard=0), Ulimit(name="nofile", soft=4096, hard=4096)],
             log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
         )

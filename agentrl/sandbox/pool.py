@@ -70,7 +70,8 @@ def make_backend(name: str, **options: Any) -> SandboxBackend:
         if e.name == module_name:
             raise ConfigError(f"sandbox backend {name!r} is not available in this agentrl version") from e
         raise MissingDependencyError(
-            f"sandbox backend {name!r} needs {e.name!r}: pip install 'agentrl[{name if name != 'kubernetes' else 'k8s'}]'"
+            f"sandbox backend {name!r} needs {e.name!r}: "
+            f"pip install 'agentrl[{name if name != 'kubernetes' else 'k8s'}]'"
         ) from e
     return getattr(module, cls_name)(**options)
 
@@ -146,7 +147,7 @@ class SandboxPool:
 
     # ------------------------------------------------------------ lifecycle
 
-    async def __aenter__(self) -> "SandboxPool":
+    async def __aenter__(self) -> SandboxPool:
         if self._open or self._closed:
             raise RuntimeError("a SandboxPool can be entered once")
         if isinstance(self._backend_arg, str):

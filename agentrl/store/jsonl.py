@@ -66,7 +66,8 @@ def _parse_line(path: str, lineno: int, raw: bytes) -> Trajectory | LineError:
         return LineError(path, lineno, "missing integer 'schema_version'")
     if version > SCHEMA_VERSION:
         return LineError(
-            path, lineno, f"schema_version {version} is newer than this agentrl reads ({SCHEMA_VERSION}); upgrade agentrl"
+            path, lineno,
+            f"schema_version {version} is newer than this agentrl reads ({SCHEMA_VERSION}); upgrade agentrl"
         )
     try:
         return Trajectory.model_validate(obj)
@@ -281,7 +282,7 @@ class TrajectoryStore:
             os.close(self._fd)
             self._fd = -1
 
-    def __enter__(self) -> "TrajectoryStore":
+    def __enter__(self) -> TrajectoryStore:
         return self
 
     def __exit__(self, *exc: object) -> None:

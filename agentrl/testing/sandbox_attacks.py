@@ -15,19 +15,24 @@ from agentrl.sandbox.client import Sandbox, SandboxPathError
 from agentrl.testing.policy_attacks import (PROBE_ATTACKS, attack_hide_an_oom_kill, attack_probe_the_kernel,
                                            still_serves)
 
-# prints the pid of the agent (found through /proc/*/cmdline, which every process may read) and its --unix socket
-FIND_AGENT = r"""
+# defines agent_of() -> (pid, --unix socket path or "") of the agent, or None: found through /proc/*/cmdline, which
+# every process may read (also the chaos tier's signal_the_agent attack, `scripted_attacks`)
+AGENT_LOOKUP = r"""
 import os
-for pid in os.listdir("/proc"):
-    try:
-        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-    except OSError:
-        continue
-    if any(a.endswith(b"agent.py") for a in argv) and b"--workspace" in argv:
-        sock = argv[argv.index(b"--unix") + 1].decode() if b"--unix" in argv else ""
-        print(pid, sock)
-        break
+def agent_of():
+    for pid in os.listdir("/proc"):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"agent.py") for a in argv) and b"--workspace" in argv:
+            return int(pid), argv[argv.index(b"--unix") + 1].decode() if b"--unix" in argv else ""
+    return None
 """
+# prints the pid of the agent and its --unix socket
+FIND_AGENT = AGENT_LOOKUP + "found = agent_of()\nif found:\n    print(*found)\n"
+# kill(-1, SIGKILL): every process the caller may signal
+KILL_EVERY_PROCESS = "import os\nos.kill(-1, 9)"
 
 PTRACE = r"""
 import ctypes, os, sys
@@ -103,7 +108,7 @@ async def attack_kill_everything(sb: Sandbox) -> None:
     r = await sb.exec("kill -9 -1; echo shell-survived-its-own-kill")
     if not _lost_with_its_spawner(sb, r):  # kill -1 spares the caller
         assert r.exit_code == 0 and r.stdout == "shell-survived-its-own-kill\n", r
-    r = await sb.exec(["python3", "-c", "import os; os.kill(-1, 9)"])
+    r = await sb.exec(["python3", "-c", KILL_EVERY_PROCESS])
     assert r.exit_code == -9 or r.exit_code is None or r.exit_code == 0 or _lost_with_its_spawner(sb, r), r
     await still_serves(sb)
     assert "sleep" not in (await sb.exec("cat /proc/[0-9]*/comm")).stdout.split(), "the policy's own sleep survived"
@@ -114,7 +119,8 @@ async def attack_signal_the_agent(sb: Sandbox) -> None:
     for sig in ("KILL", "STOP", "TERM"):
         r = await sb.exec(f"kill -{sig} {pid}")
         assert r.exit_code != 0 and "not permitted" in r.stderr.lower(), (sig, r)
-    r = await sb.exec(["python3", "-c", f"import os\ntry:\n os.kill({pid}, 9)\nexcept PermissionError:\n print('EPERM')"])
+    kill = f"import os\ntry:\n os.kill({pid}, 9)\nexcept PermissionError:\n print('EPERM')"
+    r = await sb.exec(["python3", "-c", kill])
     assert r.stdout.strip() == "EPERM", r
     await still_serves(sb)
 

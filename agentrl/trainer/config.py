@@ -18,8 +18,16 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from agentrl.config import (BudgetConfig, EngineConfig, LocalEngineConfig, RewardList, RolloutConfig, SandboxConfig,
-                            _Config, default_reward)
+from agentrl.config import (
+    BudgetConfig,
+    EngineConfig,
+    LocalEngineConfig,
+    RewardList,
+    RolloutConfig,
+    SandboxConfig,
+    _Config,
+    default_reward,
+)
 from agentrl.runner.integrity import SIGNALS
 from agentrl.types import SamplingParams
 

@@ -17,16 +17,16 @@ import html
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from agentrl.store import LineError
 from agentrl.types import Trajectory
 from agentrl.view import data, plots
+from agentrl.view.assets import CSS, JS
 from agentrl.view.mismatch import mismatch_html
 from agentrl.view.snapshots import RunSnapshots, snapshots_html
-from agentrl.view.assets import CSS, JS
 
 DEFAULT_MAX_CHARS = 4000
 DEFAULT_MAX_BYTES = 45_000_000
@@ -171,7 +171,7 @@ def build_report(trajs: Sequence[Trajectory], *, title: str, errors: Sequence[Li
     """The report page as one string, and the text limit used so that the page fits `max_bytes`. `metrics`: a
     training run's metrics.jsonl rows (for the train-inference mismatch section)."""
     index = {"cols": list(data.INDEX_COLUMNS), "rows": [data.index_row(t) for t in trajs]}
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     sub = f"{len(trajs)} trajectories · {len(errors)} unreadable lines · generated {when}"
     head = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
             f'content="width=device-width, initial-scale=1"><title>{html.escape(title)}</title>'

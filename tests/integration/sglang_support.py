@@ -22,8 +22,8 @@ from aiohttp import web
 
 from agentrl.engine.local import LocalEngine
 from agentrl.engine.sglang import SGLangEngine, checkpoint_facts
-from agentrl.engine.sglang_contract import GenerateValidator, fetch_contract, generate_validator
-from agentrl.engine.standin import StandIn, StandInServer
+from agentrl.engine.standin.sglang_contract import GenerateValidator, fetch_contract, generate_validator
+from agentrl.engine.standin.sglang import StandIn, StandInServer
 from agentrl.errors import MissingDependencyError
 
 REQUIRE_CONTRACT = os.environ.get("AGENTRL_REQUIRE_SGLANG_CONTRACT") == "1"

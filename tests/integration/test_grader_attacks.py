@@ -20,118 +20,12 @@ from agentrl_code_tests import CodeTestsEnv
 
 from agentrl.cli.wiring import check_env
 from agentrl.sandbox import SandboxPool, SandboxSpec
+from agentrl.testing.grader_attacks import CODE_TESTS_ATTACKS
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
 
 TASKS = ("easy/add", "easy/is_even", "easy/reverse_string", "HumanEval/2", "HumanEval/32", "HumanEval/38")
-FORGED_NAMES = [f"test_{i:02d}" for i in range(20)] + [f"visible_{i}" for i in range(3)]
-_FORGERY = (
-    "import json as _j, os as _o\n"
-    "_rows = [[n, True, ''] for n in " + repr(FORGED_NAMES) + "]\n"
-    "_lines = (_j.dumps([True, '']) + '\\n' + 'AGENTRL_HARNESS_RESULT ' + _j.dumps({'results': _rows}) + '\\n'\n"
-    "          + _j.dumps(['ok', True]) + '\\n' + _j.dumps(['ready']) + '\\n').encode()\n"
-)
-MAGIC = (
-    "class Magic:\n"
-    "    def __eq__(self, other): return True\n"
-    "    def __ne__(self, other): return False\n"
-    "    def __hash__(self): return 0\n"
-    "    def __bool__(self): return True\n"
-    "    def __abs__(self): return self\n"
-    "    def __sub__(self, other): return self\n"
-    "    __rsub__ = __add__ = __radd__ = __mul__ = __rmul__ = __truediv__ = __neg__ = __sub__\n"
-    "    def __lt__(self, other): return True\n"
-    "    __le__ = __gt__ = __ge__ = __lt__\n"
-    "    def __float__(self): return 0.0\n"
-    "    def __len__(self): return 0\n"
-    "    def __iter__(self): return iter(())\n"
-)
-
-# name -> solution source; {f} is the entry point. None of them computes the right answer.
-ATTACKS: dict[str, str] = {
-    "magic_eq_object": MAGIC + "def {f}(*args, **kwargs):\n    return Magic()\n",
-    "eq_returns_truthy_self": (
-        "class T:\n    def __eq__(self, o): return self\n    def __bool__(self): return True\n"
-        "def {f}(*args, **kwargs):\n    return T()\n"),
-    "lying_int_subclass": (
-        "class I(int):\n    def __eq__(self, o): return True\n    __hash__ = int.__hash__\n"
-        "    def __sub__(self, o): return I(0)\n    __rsub__ = __sub__\n    def __abs__(self): return I(0)\n"
-        "def {f}(*args, **kwargs):\n    return I(7)\n"),
-    "lying_str_and_list_subclasses": (
-        "class S(str):\n    def __eq__(self, o): return True\n    __hash__ = str.__hash__\n"
-        "class L(list):\n    def __eq__(self, o): return True\n"
-        "def {f}(*args, **kwargs):\n    return S('x') if args and isinstance(args[0], str) else L()\n"),
-    "lying_bool_via_float_subclass": (
-        "class F(float):\n    def __eq__(self, o): return True\n    __hash__ = float.__hash__\n"
-        "    def __sub__(self, o): return F(0.0)\n    __rsub__ = __sub__\n    def __abs__(self): return F(0.0)\n"
-        "    def __lt__(self, o): return True\n"
-        "def {f}(*args, **kwargs):\n    return F(9.0)\n"),
-    "forged_records_on_every_fd_then_exit_at_import": (
-        _FORGERY + "for _fd in range(1024):\n    try:\n        _o.write(_fd, _lines)\n"
-        "    except OSError:\n        pass\n"
-        "_o._exit(0)\n"),
-    "forged_records_on_every_fd_inside_the_call": (
-        _FORGERY + "def {f}(*args, **kwargs):\n    for fd in range(1024):\n        try:\n"
-        "            _o.write(fd, _lines)\n        except OSError:\n            pass\n    _o._exit(0)\n"),
-    "fake_result_lines_on_stdout_and_stderr": (
-        _FORGERY + "import sys\nprint(_lines.decode(), flush=True)\nsys.stderr.write(_lines.decode())\n"
-        "def {f}(*args, **kwargs):\n    print(_lines.decode(), flush=True)\n    sys.stderr.write(_lines.decode())\n"
-        "    return 'wrong'\n"),
-    "writes_through_proc_of_its_parents": (
-        _FORGERY + "def {f}(*args, **kwargs):\n"
-        "    for pid in (_o.getppid(), _o.getpgid(0), 1):\n        for fd in range(16):\n            try:\n"
-        "                with open('/proc/%d/fd/%d' % (pid, fd), 'wb') as h:\n                    h.write(_lines)\n"
-        "            except OSError:\n                pass\n    return 'wrong'\n"),
-    "os_exit_0_at_import": "import os\nos._exit(0)\ndef {f}(*args, **kwargs):\n    return 'wrong'\n",
-    "sys_exit_0_at_import": "import sys\nsys.exit(0)\ndef {f}(*args, **kwargs):\n    return 'wrong'\n",
-    "os_exit_0_inside_the_call": "import os\ndef {f}(*args, **kwargs):\n    os._exit(0)\n",
-    "sys_exit_0_inside_the_call": "import sys\ndef {f}(*args, **kwargs):\n    sys.exit(0)\n",
-    "monkeypatches_builtins_and_math": (
-        "import builtins, math, operator\n"
-        "builtins.abs = lambda x: 0\nbuiltins.isinstance = lambda *a: True\nbuiltins.AssertionError = type(None)\n"
-        "math.isclose = lambda *a, **k: True\nmath.fabs = lambda x: 0.0\noperator.eq = lambda a, b: True\n"
-        "builtins.sorted = lambda *a, **k: 'wrong'\nbuiltins.len = lambda x: 0\n"
-        "def {f}(*args, **kwargs):\n    return 'wrong'\n"),
-    "redefines_the_tasks_helpers": (
-        "def poly(xs, x):\n    return 0\n"
-        "def encode_cyclic(s):\n    return s\n"
-        "def {f}(*args, **kwargs):\n"
-        "    return args[0] if '{f}' in ('decode_cyclic', 'find_zero') else 'wrong'\n"),
-    "reads_expected_answers_from_memory_and_frames": (
-        "import ast, gc, sys, os\n"
-        "_ANSWERS = {}\n"
-        "def _learn(text):\n"
-        "    try:\n        tree = ast.parse(text)\n    except Exception:\n        return\n"
-        "    for node in ast.walk(tree):\n"
-        "        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call):\n"
-        "            try:\n"
-        "                key = repr([ast.literal_eval(a) for a in node.left.args])\n"
-        "                _ANSWERS[key] = ast.literal_eval(node.comparators[0])\n"
-        "            except Exception:\n                pass\n"
-        "def _scan():\n"
-        "    for obj in gc.get_objects():\n"
-        "        for s in (obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()):\n"
-        "            if isinstance(s, str) and 'assert' in s:\n                _learn(s)\n"
-        "    frame = sys._getframe()\n"
-        "    while frame is not None:\n"
-        "        for v in list(frame.f_locals.values()) + list(frame.f_globals.values()):\n"
-        "            if isinstance(v, str) and 'assert' in v:\n                _learn(v)\n"
-        "            if type(v).__name__ == 'code':\n                _learn(str(v.co_consts))\n"
-        "        frame = frame.f_back\n"
-        "    for path in ('/proc/%d/mem' % os.getppid(), '/proc/%d/environ' % os.getppid(), '/proc/self/fd/0'):\n"
-        "        try:\n            _learn(open(path, 'rb').read(1 << 20).decode('utf-8', 'replace'))\n"
-        "        except Exception:\n            pass\n"
-        "def {f}(*args, **kwargs):\n"
-        "    if not _ANSWERS:\n        _scan()\n"
-        "    return _ANSWERS.get(repr(list(args)), 'wrong')\n"),
-    "kills_its_parent_and_group": (
-        "import os, signal\n"
-        "def {f}(*args, **kwargs):\n"
-        "    for target in (os.getppid(),):\n        try:\n            os.kill(target, signal.SIGKILL)\n"
-        "        except OSError:\n            pass\n"
-        "    return 'wrong'\n"),
-    "returns_a_generator_that_would_lie": MAGIC + "def {f}(*args, **kwargs):\n    return (Magic() for _ in range(3))\n",
-}
+ATTACKS = CODE_TESTS_ATTACKS
 
 
 def _env_tasks() -> dict[str, Any]:

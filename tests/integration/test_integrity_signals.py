@@ -12,7 +12,7 @@ from typing import Any
 from sglang_support import contract_validator
 from test_rollout_attacks import _reply_for, _run
 
-from agentrl.engine.standin import StandIn, StandInServer
+from agentrl.engine.standin.sglang import StandIn, StandInServer
 from agentrl.testing.scripted import ScriptedEngine
 
 HONEST = "def add(a, b):\n    return a + b\nprint(add(1, 2))"

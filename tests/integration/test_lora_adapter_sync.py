@@ -20,16 +20,16 @@ import pytest
 import torch
 
 from agentrl.engine.local import LocalEngine
-from agentrl.engine.lora_contract import (
+from agentrl.engine.standin.lora_contract import (
     ControlValidator,
     fetch_contracts,
     sglang_control_validator,
     vllm_lora_validator,
 )
 from agentrl.engine.sglang import SGLangEngine, checkpoint_facts
-from agentrl.engine.standin import StandIn, StandInServer
+from agentrl.engine.standin.sglang import StandIn, StandInServer
 from agentrl.engine.vllm import VLLMEngine
-from agentrl.engine.vllm_standin import VLLMStandIn
+from agentrl.engine.standin.vllm import VLLMStandIn
 from agentrl.errors import ConfigError, MissingDependencyError
 from agentrl.trainer.loop import BackgroundLoop
 from agentrl.trainer.weight_sync import AdapterWeightSync, merged_state_dict
@@ -204,7 +204,7 @@ async def _served(face: str, model: Path, validator: ControlValidator,
 
 
 def _completion_validator() -> Any:
-    from agentrl.engine.vllm_contract import completion_validator, fetch_contract
+    from agentrl.engine.standin.vllm_contract import completion_validator, fetch_contract
 
     validator = completion_validator()
     if not validator.is_real:

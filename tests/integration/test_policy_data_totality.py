@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sglang_support import contract_validator
 
-from agentrl.engine.standin import StandIn, StandInServer
+from agentrl.engine.standin.sglang import StandIn, StandInServer
 from agentrl.envs import get_env
 from agentrl.runner import Budgets, LoopLag, Rollout, Scheduler, SchedulerConfig
 from agentrl.sandbox import SandboxPool, SandboxSpec

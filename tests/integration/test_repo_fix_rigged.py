@@ -24,41 +24,12 @@ from agentrl_repo_fix import RepoFixEnv, trees
 from agentrl_repo_fix.build import TASK_FORMAT
 
 from agentrl.sandbox import SandboxPool
+from agentrl.testing.grader_attacks import RIG, RIG_META
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
 
-# Wraps every public function of the module it is appended to: when the real one raises (the bug), it returns an
-# object whose own methods answer every check. Nothing of the bug is fixed.
-RIG = '''
-class _Yes:
-    def __eq__(self, other): return True
-    def __ne__(self, other): return False
-    def __hash__(self): return 0
-    def __bool__(self): return True
-    def __len__(self): return 10 ** 6
-    def __iter__(self): return iter(())
-def _rigged(f):
-    import functools
-    @functools.wraps(f)
-    def call(*a, **k):
-        try:
-            return f(*a, **k)
-        except Exception:
-            return _Yes()
-    return call
-for _name, _obj in list(globals().items()):
-    if callable(_obj) and not isinstance(_obj, type) and not _name.startswith('_') \\
-            and getattr(_obj, '__module__', '') == __name__:
-        globals()[_name] = _rigged(_obj)
-'''
-# ... and a metaclass that says every object is an instance of the package's classes
-RIG_META = '''
-Meta.__instancecheck__ = lambda cls, inst: True
-Meta.__subclasscheck__ = lambda cls, sub: True
-def parse(text):  # any exception will do now: the metaclass says it is a ParseError
-    raise RuntimeError(text)
-'''
-
+# RIG / RIG_META (agentrl.testing.grader_attacks): a failing call returns an object whose own methods answer every
+# check; the metaclass variant also says every object is an instance of the package's classes
 MINI_FIXED = '''"""A small package of our own for the synthetic task."""
 
 

@@ -15,76 +15,13 @@ from typing import Any
 import pytest
 from sglang_support import contract_validator
 
-from agentrl.engine.standin import StandIn, StandInServer
+from agentrl.engine.standin.sglang import StandIn, StandInServer
 from agentrl.testing.scripted import ScriptedEngine
+from agentrl.testing.scripted_attacks import code_attacks, plant, wrong
 
 ENTRY = "add"  # easy/add: add(a, b) -> a + b
 
 
-def _write_solution(src: str) -> str:
-    """A code block that plants `src` as solution.py directly (not via the definition merge)."""
-    return f"open('solution.py', 'w').write({src!r})\nprint('planted')"
-
-
-MAGIC_EQ = f"""
-class Magic:
-    def __eq__(self, other): return True
-    def __ne__(self, other): return False
-    def __bool__(self): return True
-    def __abs__(self): return self
-    def __sub__(self, other): return self
-    __rsub__ = __add__ = __radd__ = __mul__ = __rmul__ = __sub__
-    def __lt__(self, other): return True
-    __le__ = __gt__ = __ge__ = __lt__
-    def __hash__(self): return 0
-def {ENTRY}(*args, **kwargs):
-    return Magic()
-"""
-LYING_INT = f"""
-class LyingInt(int):
-    def __eq__(self, other): return True
-    def __ne__(self, other): return False
-    __hash__ = int.__hash__
-def {ENTRY}(*args, **kwargs):
-    return LyingInt(0)
-"""
-FORGED_FDS = f"""
-import os, json
-for fd in range(3, 1024):
-    for line in ('AGENTRL_HARNESS_RESULT ' + json.dumps({{"results": []}}) + '\\n', json.dumps([True, ""]) + '\\n'):
-        try:
-            os.write(fd, line.encode())
-        except OSError:
-            pass
-print('AGENTRL_HARNESS_RESULT {{"results": [["t", true, ""]]}}')
-os._exit(0)
-def {ENTRY}(a, b):
-    return None
-"""
-SYS_EXIT = f"""
-import sys
-sys.exit(0)
-def {ENTRY}(a, b):
-    return None
-"""
-EXIT_IN_CALL = f"""
-import os
-def {ENTRY}(a, b):
-    os._exit(0)
-"""
-KILL_ALL = f"""
-import os
-def {ENTRY}(a, b):
-    os.kill(-1, 9)
-"""
-PATCH_BUILTINS = f"""
-import builtins, math
-builtins.abs = lambda x: 0
-math.isclose = lambda *a, **k: True
-builtins.AssertionError = type('Nope', (Exception,), {{}})
-def {ENTRY}(a, b):
-    return None
-"""
 def _forger(names: list[str]) -> str:
     """A daemon that waits for the grader (the harness process, found by its command line), writes a forged
     all-passed verdict into its stdout and kills it, so the forged line is the last one the host reads."""
@@ -126,41 +63,8 @@ print('daemon started')
 """
 
 
-PLANTS = """
-import os
-os.makedirs('sub', exist_ok=True)
-open('sitecustomize.py', 'w').write('import builtins\\nbuiltins.abs = lambda x: 0\\n')
-open('usercustomize.py', 'w').write('import builtins\\nbuiltins.abs = lambda x: 0\\n')
-open('evil.pth', 'w').write('import os; os._exit(0)\\n')
-open('json.py', 'w').write('import os; os._exit(0)\\n')
-open('math.py', 'w').write('import os; os._exit(0)\\n')
-"""
-FIFO = "import os\nos.remove('solution.py')\nos.mkfifo('solution.py')\nprint('fifo')"
-SYMLINK = "import os\nos.remove('solution.py')\nos.symlink('/etc/hostname', 'solution.py')\nprint('link')"
-DIRECTORY = "import os\nos.remove('solution.py')\nos.mkdir('solution.py')\nprint('dir')"
-HUGE = "open('solution.py', 'w').write('# ' + 'x' * (80 * 1024 * 1024) + '\\n')\nprint('huge')"
-SYMLINK_CHAIN = ("import os\nos.makedirs('links')\nos.symlink('../x.py', 'links/0')\nfor i in range(1, 1200):\n"
-                 "    os.symlink(str(i - 1), f'links/{i}')\nos.remove('solution.py')\n"
-                 "os.symlink('links/1199', 'solution.py')\nprint('chain')")  # the agent used to recurse: 500, infra
-
-WRONG = f"def {ENTRY}(a, b):\n    return None"
-
-ATTACKS: dict[str, list[str]] = {
-    "magic_eq": [_write_solution(MAGIC_EQ)],
-    "lying_int_subclass": [_write_solution(LYING_INT)],
-    "forged_verdicts_and_exit": [_write_solution(FORGED_FDS)],
-    "sys_exit_at_import": [_write_solution(SYS_EXIT)],
-    "exit_inside_the_call": [_write_solution(EXIT_IN_CALL)],
-    "kill_all_during_grading": [_write_solution(KILL_ALL)],
-    "patch_builtins": [_write_solution(PATCH_BUILTINS)],
-    "planted_modules": [_write_solution(WRONG), PLANTS],
-    "kill_every_process_now": [_write_solution(WRONG), "import os\nos.kill(-1, 9)"],
-    "solution_fifo": [FIFO],
-    "solution_symlink": [SYMLINK],
-    "solution_directory": [DIRECTORY],
-    "solution_huge": [HUGE],
-    "solution_symlink_chain": [_write_solution(f"def {ENTRY}(a, b):\n    return a + b\n"), SYMLINK_CHAIN],
-}
+# the grader and workspace attacks of the one attack list (the chaos tier adds its sandbox and tool-call JSON ones)
+ATTACKS: dict[str, list[str]] = code_attacks(ENTRY, families=("grader", "workspace"))
 
 
 def _reply_for(names: list[str], scripts: dict[str, list[str]] | None = None, label: str = "attack") -> Any:
@@ -185,7 +89,7 @@ async def test_every_attack_scores_zero_through_a_real_rollout(tmp_path: Path, s
     from agentrl.envs import get_env
 
     task = next(t for t in get_env("code_tests", source="easy").tasks() if t.id == "easy/add")
-    ATTACKS["setsid_daemon_forges_verdicts"] = [_write_solution(WRONG), _daemon([n for n, _ in task.data["tests"]])]
+    ATTACKS["setsid_daemon_forges_verdicts"] = [plant(wrong(ENTRY)), _daemon([n for n, _ in task.data["tests"]])]
     names = sorted(ATTACKS)
     engine = ScriptedEngine(smollm2_tokenizer, _reply_for(names))
     server = StandInServer(StandIn(engine, model_path=smollm2_path, validator=contract_validator(),

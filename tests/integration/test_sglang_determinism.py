@@ -13,7 +13,7 @@ import pytest
 import sglang_support as sup
 
 from agentrl.engine.local import LocalEngine
-from agentrl.engine.standin import StandIn, StandInServer
+from agentrl.engine.standin.sglang import StandIn, StandInServer
 from agentrl.types import SamplingParams
 
 SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=12)

@@ -29,7 +29,7 @@ from agentrl.engine.http import nodelay_socket
 from agentrl.engine.local import LocalEngine
 from agentrl.engine.routing import WorkerRouter
 from agentrl.engine.sglang import SGLangHTTPError
-from agentrl.engine.standin import StandInServer
+from agentrl.engine.standin.sglang import StandInServer
 from agentrl.errors import ConfigError, EngineError, EngineUnavailableError
 from agentrl.runner import rollout as rollout_mod
 from agentrl.store import read_trajectories
@@ -59,7 +59,7 @@ def test_contract_is_sglangs_own(validator: Any) -> None:
 
 def test_fallback_validator_agrees_with_the_contract(validator: Any, monkeypatch: pytest.MonkeyPatch,
                                                     tmp_path: Path) -> None:
-    from agentrl.engine.sglang_contract import ENV_VAR, generate_validator
+    from agentrl.engine.standin.sglang_contract import ENV_VAR, generate_validator
 
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "missing.py"))
     fallback = generate_validator()

@@ -29,15 +29,15 @@ from aiohttp import web
 
 from agentrl.engine.local import LocalEngine
 from agentrl.engine.sglang import checkpoint_facts
-from agentrl.engine.standin import StandInServer
+from agentrl.engine.standin.sglang import StandInServer
 from agentrl.engine.vllm import VLLMEngine, VLLMHTTPError, vllm_sampling
-from agentrl.engine.vllm_contract import (
+from agentrl.engine.standin.vllm_contract import (
     ENV_VAR,
     CompletionValidator,
     completion_validator,
     fetch_contract,
 )
-from agentrl.engine.vllm_standin import VLLMStandIn
+from agentrl.engine.standin.vllm import VLLMStandIn
 from agentrl.errors import ConfigError, EngineError, EngineUnavailableError, MissingDependencyError
 from agentrl.runner import rollout as rollout_mod
 from agentrl.types import SamplingParams, Status

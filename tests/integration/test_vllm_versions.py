@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from agentrl.engine.standin import StandInServer
+from agentrl.engine.standin.sglang import StandInServer
 from agentrl.engine.vllm import VLLMEngine
 from agentrl.engine.vllm_server import facts_from, parse_version
 from agentrl.errors import ConfigError, EngineError

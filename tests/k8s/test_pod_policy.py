@@ -102,6 +102,10 @@ def assert_policy(pod: dict, spec: SandboxSpec) -> None:
     assert main["command"][:4] == ["python3", "-I", "-S", "-c"] and main["command"][-1] == relay
     assert main["securityContext"]["runAsUser"] == 0 and sorted(main["securityContext"]["capabilities"]["add"]) == [
         "SETGID", "SETUID"]
+    # the commands run under agentrl's syscall policy alone (the runtime's would refuse probes first, uncounted);
+    # every other container keeps the pod's RuntimeDefault
+    assert main["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
+    assert not any("seccompProfile" in c["securityContext"] for c in containers if c is not main)
     volumes = {v["name"]: v for v in s["volumes"]}
     assert not any("hostPath" in v for v in s["volumes"])
     mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}

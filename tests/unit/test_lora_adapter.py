@@ -14,7 +14,7 @@ import torch
 from pydantic import ValidationError
 
 from agentrl.engine.lora import adapter_deltas
-from agentrl.engine.server_contract import ServerContract
+from agentrl.engine.standin.server_contract import ServerContract
 from agentrl.errors import ConfigError
 from agentrl.trainer.config import TrainConfig
 

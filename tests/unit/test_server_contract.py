@@ -1,4 +1,4 @@
-"""agentrl.engine.server_contract.ServerContract: the one way SGLang's and vLLM's request contracts are found."""
+"""agentrl.engine.standin.server_contract.ServerContract: the one way SGLang's and vLLM's request contracts are found."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.engine import sglang_contract, vllm_contract
-from agentrl.engine.server_contract import ServerContract
+from agentrl.engine.standin import sglang_contract, vllm_contract
+from agentrl.engine.standin.server_contract import ServerContract
 from agentrl.errors import MissingDependencyError
 
 MEMBERS = ("fakepkg_contract/api/types.py", "fakepkg_contract/extra.py")
@@ -76,5 +76,5 @@ def test_both_servers_use_it() -> None:
     assert sglang_contract.CONTRACT.env_var == "AGENTRL_SGLANG_CONTRACT"
     assert vllm_contract.CONTRACT.env_var == "AGENTRL_VLLM_CONTRACT"
     assert "vllm/entrypoints/openai/completion/protocol.py" in vllm_contract.CONTRACT.members
-    assert sglang_contract.CONTRACT.fetch_command == "python -m agentrl.engine.sglang_contract fetch"
-    assert vllm_contract.CONTRACT.fetch_command == "python -m agentrl.engine.vllm_contract fetch"
+    assert sglang_contract.CONTRACT.fetch_command == "python -m agentrl.engine.standin.sglang_contract fetch"
+    assert vllm_contract.CONTRACT.fetch_command == "python -m agentrl.engine.standin.vllm_contract fetch"

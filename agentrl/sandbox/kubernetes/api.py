@@ -5,7 +5,7 @@ refresh, TLS and connection pool), as plain JSON dicts (no model classes: a pod 
 blocking call on this edge's own thread pool, never on the event loop; a client-side rate limit (QPS + burst, like
 client-go); retries with backoff for throttling and server errors; and `Informer`, one list+watch of a collection
 kept as a local cache that waiters are woken from (readiness is watched, never polled). Does not own what the
-objects mean (`k8s_pods.py`) or what to do with them (`k8s_pool.py`, `k8s_claims.py`).
+objects mean (`pods.py`) or what to do with them (`pool.py`, `claims.py`).
 
 Errors:
 

@@ -4,17 +4,17 @@ Owns: the backend's config (`KubernetesSandboxConfig`), bootstrapping what every
 namespace (the agent ConfigMap, the token key Secret), turning a claimed or created pod into a `SandboxHandle`
 (pod IP + agent port + the pod's bearer token), waiting until its agent answers, and choosing the control plane:
 
-    control_plane: pods           this module's own warm pool of pods (`k8s_pool.py`): claims by conditional
+    control_plane: pods           this package's own warm pool of pods (`pool.py`): claims by conditional
                                   update, refill, recycling, sweep (the default; needs only pod verbs + 2 objects)
-    control_plane: agent-sandbox  the Kubernetes SIG agent-sandbox CRDs (`k8s_claims.py`): a SandboxClaim per
+    control_plane: agent-sandbox  the Kubernetes SIG agent-sandbox CRDs (`claims.py`): a SandboxClaim per
                                   sandbox against a SandboxWarmPool of a SandboxTemplate rendered from this config
 
 Does not own: commands (they go to the in-sandbox agent over keep-alive HTTP with TCP_NODELAY through `client.py`;
-never Kubernetes exec), leases (`pool.py`), manifests and pod rules (`k8s_pods.py`), API I/O (`k8s_api.py`).
+never Kubernetes exec), leases (`pool.py`), manifests and pod rules (`pods.py`), API I/O (`api.py`).
 
 API calls per sandbox are constant, whatever the number of commands: warm hit = 1 conditional patch (claim) + 1
 delete, plus the refill's 1 create; cold = 1 create + 1 delete. Readiness comes from one watch per process.
-The bearer token is never logged and is in no API object (see `k8s_pods.py`).
+The bearer token is never logged and is in no API object (see `pods.py`).
 
 Wiring (in the CLI): `sandbox.backend: {type: kubernetes, namespace: agentrl, warm: 32, ...}` validates as
 `KubernetesSandboxConfig`; `make_backend("kubernetes", config=cfg)` builds the backend. Outside a pod it uses the
@@ -52,9 +52,11 @@ from agentrl.sandbox.kubernetes.pods import (
     agent_configmap,
     agent_configmap_name,
     check_template,
-    death_cause as pod_death_cause,
     derive_token,
     key_secret,
+)
+from agentrl.sandbox.kubernetes.pods import (
+    death_cause as pod_death_cause,
 )
 
 log = logging.getLogger("agentrl.sandbox")

@@ -2,7 +2,7 @@
 
 For clusters that run the Kubernetes SIG agent-sandbox controller (CRDs SandboxTemplate / SandboxWarmPool /
 SandboxClaim in extensions.agents.x-k8s.io, Sandbox in agents.x-k8s.io). Owns: keeping a SandboxTemplate (the same
-pod spec the `pods` plane creates, see `k8s_pods.py`) and a SandboxWarmPool (`replicas: warm`) named after the pool
+pod spec the `pods` plane creates, see `pods.py`) and a SandboxWarmPool (`replicas: warm`) named after the pool
 in sync with the config; creating a claim against the warm pool (labels for owner and run, `lifecycle.shutdownTime`
 = now + ttl_s with shutdownPolicy Delete, so an abandoned claim dies on its own); waiting through a watch on claims
 until the claim is Ready with a pod IP; reading the bound Sandbox's pod name (annotation
@@ -22,15 +22,31 @@ import logging
 import secrets
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from agentrl.errors import SandboxStartError
 from agentrl.sandbox.base import SandboxSpec
 from agentrl.sandbox.kubernetes.api import ApiError, Informer, KubeApi, retrying
-from agentrl.sandbox.kubernetes.pods import (A_LABELS, CLAIMED, L_POOL, L_ROLE, L_RUN, L_STATE, MANAGED,
-                                             MANAGED_BY, ROLE, Obj, Owner, PodOptions, base_labels, pod_spec,
-                                             run_id_of, should_remove, spec_hash)
+from agentrl.sandbox.kubernetes.pods import (
+    A_LABELS,
+    CLAIMED,
+    L_POOL,
+    L_ROLE,
+    L_RUN,
+    L_STATE,
+    MANAGED,
+    MANAGED_BY,
+    ROLE,
+    Obj,
+    Owner,
+    PodOptions,
+    base_labels,
+    pod_spec,
+    run_id_of,
+    should_remove,
+    spec_hash,
+)
 from agentrl.sandbox.kubernetes.pool import Acquired, live_owner_uids
 
 log = logging.getLogger("agentrl.sandbox")
@@ -121,7 +137,7 @@ class ClaimPlane:
         name = f"{self.cfg.pool}-{secrets.token_hex(5)}"
         own = {MANAGED_BY: MANAGED, L_ROLE: ROLE, L_POOL: self.cfg.pool, L_STATE: CLAIMED, L_RUN: run_id_of(labels),
                **self.owner.labels()}
-        shutdown = datetime.fromtimestamp(time.time() + spec.ttl_s, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        shutdown = datetime.fromtimestamp(time.time() + spec.ttl_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         claim = {"apiVersion": f"{EXT_GROUP}/{self.cfg.agent_sandbox.api_version}", "kind": "SandboxClaim",
                  "metadata": {"name": name, "namespace": self.cfg.namespace, "labels": own,
                               "annotations": {**self.owner.annotations(),

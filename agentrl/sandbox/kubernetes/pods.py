@@ -3,7 +3,7 @@
 Owns: the pod (and its agent ConfigMap / key Secret) the `kubernetes` backend creates, with the security defaults
 enforced whatever the user's pod template says; the labels and annotations that carry pool, state, owner and run;
 the per-sandbox bearer token; predicates over pod objects (running, ready, dead, age); and the sweep rule.
-Does not own API calls (`k8s_api.py`) or when to create, claim or delete (`k8s_pool.py`).
+Does not own API calls (`api.py`) or when to create, claim or delete (`pool.py`).
 
 One sandbox pod:
 
@@ -21,7 +21,9 @@ One sandbox pod:
     pod: shareProcessNamespace (the agent sees, kills and gets the pids of the commands), no service-account token,
         no service links, restartPolicy Never, activeDeadlineSeconds as TTL, runAsNonRoot with uid/gid 65534 by
         default (also the pause container's: the pod's pid 1 is no process of the command user), seccomp
-        RuntimeDefault, no fsGroup; every container: no privilege escalation, read-only root filesystem, all
+        RuntimeDefault but for the sandbox container (Unconfined: agentrl's own syscall policy, installed by the
+        spawner on every command, is the only one there, so each refused probe is counted), no fsGroup; every
+        container: no privilege escalation, read-only root filesystem, all
         capabilities dropped but those named, resources requests == limits
 
 Why two containers: resource separation. The commands' memory, CPU and disk limits are the sandbox container's, so
@@ -56,7 +58,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from agentrl.errors import ConfigError
@@ -140,7 +142,7 @@ def cpu_quantity(cpus: float) -> str:
 def parse_time(text: str | None) -> float | None:
     if not text:
         return None
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
 # ------------------------------------------------------------------ who owns a pod
@@ -168,7 +170,7 @@ class Owner:
     pod_uid: str | None = None
 
     @classmethod
-    def from_env(cls, session: str) -> "Owner":
+    def from_env(cls, session: str) -> Owner:
         """In a pod, `host` names the pod, not the host name: a hostNetwork pod shares the node's host name while its
         pids are its own, so a process on the node must never judge our pid (owner_process_dead) as one of its own."""
         pid = os.getpid()
@@ -293,7 +295,9 @@ def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
         "workingDir": WORKSPACE,
         "env": [pod_name, {"name": "HOME", "value": WORKSPACE}, {"name": "TMPDIR", "value": TMP}],
         "resources": _resources(cpu_quantity(spec.cpus), quantity(spec.memory_bytes), storage),
-        "securityContext": _as_root(RELAY_CAPS),
+        # the commands run under agentrl's syscall policy (the spawner installs it on each): the runtime's profile
+        # underneath would refuse some of its probes first, uncounted
+        "securityContext": {**_as_root(RELAY_CAPS), "seccompProfile": {"type": "Unconfined"}},
         "volumeMounts": [{"name": "agentrl", "mountPath": AGENT_DIR, "readOnly": True}, *(dict(m) for m in shared)],
     }
     if opts.image_pull_policy:

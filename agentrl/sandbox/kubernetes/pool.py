@@ -2,8 +2,8 @@
 
 Owns: claiming a ready warm pod by a conditional update, creating pods (cold, or to refill the pool) with retries,
 waiting for them through the watch, recycling warm pods that idled too long, deleting, and sweeping orphans.
-Does not own: the pod manifest and state rules (`k8s_pods.py`), API I/O (`k8s_api.py`), agent tokens and health
-(`kubernetes.py`).
+Does not own: the pod manifest and state rules (`pods.py`), API I/O (`api.py`), agent tokens and health
+(`backend.py`).
 
 The pool is the set of pods labelled `agentrl.io/pool=<pool>, agentrl.io/state=warm` in the namespace, whoever
 created them; every worker watches it (one list+watch) and:
@@ -37,10 +37,36 @@ from typing import Any
 from agentrl.errors import SandboxStartError
 from agentrl.sandbox.base import SandboxSpec
 from agentrl.sandbox.kubernetes.api import MERGE_PATCH, ApiError, Informer, KubeApi, retrying
-from agentrl.sandbox.kubernetes.pods import (A_LABELS, A_NONCE, A_POD, CLAIMED, L_CREATOR, L_OWNER_UID, L_POOL,
-                                             L_ROLE, L_RUN, L_SPEC, L_STATE, MANAGED, MANAGED_BY, ROLE, WARM, Obj,
-                                             Owner, PodOptions, age_s, base_labels, death_reason, is_ready,
-                                             is_running, pod_manifest, pod_spec, run_id_of, should_remove, spec_hash)
+from agentrl.sandbox.kubernetes.pods import (
+    A_LABELS,
+    A_NONCE,
+    A_POD,
+    CLAIMED,
+    L_CREATOR,
+    L_OWNER_UID,
+    L_POOL,
+    L_ROLE,
+    L_RUN,
+    L_SPEC,
+    L_STATE,
+    MANAGED,
+    MANAGED_BY,
+    ROLE,
+    WARM,
+    Obj,
+    Owner,
+    PodOptions,
+    age_s,
+    base_labels,
+    death_reason,
+    is_ready,
+    is_running,
+    pod_manifest,
+    pod_spec,
+    run_id_of,
+    should_remove,
+    spec_hash,
+)
 
 log = logging.getLogger("agentrl.sandbox")
 RECYCLE_EVERY_S = 5.0

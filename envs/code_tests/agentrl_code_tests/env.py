@@ -132,9 +132,10 @@ class CodeTestsEnv(Env):
             return None, None
         except (ValueError, PermissionError) as exc:  # a directory, FIFO, device, symlink out, > the agent's limit
             return None, f"{SOLUTION_FILE} could not be read ({exc})"
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if not await sandbox.health():
-                raise SandboxDiedError(f"sandbox {sandbox.id} stopped answering while {SOLUTION_FILE} was read")
+                raise SandboxDiedError(
+                    f"sandbox {sandbox.id} stopped answering while {SOLUTION_FILE} was read") from None
             return None, f"reading {SOLUTION_FILE} did not finish within {READ_TIMEOUT_S:g}s"
         if len(data) > MAX_SOLUTION_BYTES:
             return None, f"{SOLUTION_FILE} is larger than {MAX_SOLUTION_BYTES} bytes"

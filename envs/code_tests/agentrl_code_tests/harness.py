@@ -166,7 +166,7 @@ def decode(data):
     try:
         return _decode(data, 0, count)
     except (TypeError, ValueError, RecursionError, MemoryError, OverflowError) as exc:
-        raise BadWire(_describe(exc))
+        raise BadWire(_describe(exc)) from None
 
 
 def _decode(x, depth, count):
@@ -241,7 +241,7 @@ def recv_frame(fd, deadline=None, limit=MAX_FRAME):
     try:
         return json.loads(body.decode("utf-8"))
     except (ValueError, RecursionError, MemoryError) as exc:
-        raise BadWire(_describe(exc))
+        raise BadWire(_describe(exc)) from None
 
 
 # -- the solution process (forked by the spawner; runs untrusted code) ---------------------------------------------
@@ -363,7 +363,7 @@ def _fds_of(ancillary):
     fds = []
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.extend(struct.unpack("%di" % (len(data) // 4), data[: len(data) - len(data) % 4]))
+            fds.extend(struct.unpack(f"{len(data) // 4}i", data[: len(data) - len(data) % 4]))
     return fds
 
 
@@ -494,18 +494,19 @@ class SolutionProcess:
         try:
             request = [encode(args), encode(kwargs)]
         except NotPlainData as exc:
-            raise TestFailed("harness: the test passes " + str(exc) + " to the solution, which cannot be sent")
+            raise TestFailed(
+                "harness: the test passes " + str(exc) + " to the solution, which cannot be sent") from None
         try:
             send_frame(self.req_fd, request)
         except OSError:
-            raise TestFailed("the solution process ended (it exited or crashed) before the call")
+            raise TestFailed("the solution process ended (it exited or crashed) before the call") from None
         return self._value(self._receive())
 
     def _receive(self):
         try:
             reply = recv_frame(self.resp_fd, self.deadline)
         except BadWire as exc:
-            raise TestFailed("the solution process sent an invalid value: " + str(exc))
+            raise TestFailed("the solution process sent an invalid value: " + str(exc)) from None
         if reply is None:
             raise TestFailed("the solution process ended (exit, crash or out of memory) before returning a value")
         return reply
@@ -516,7 +517,7 @@ class SolutionProcess:
             try:
                 return decode(reply[1])
             except BadWire as exc:
-                raise TestFailed("the solution process sent an invalid value: " + str(exc))
+                raise TestFailed("the solution process sent an invalid value: " + str(exc)) from None
         if kind == "not_plain" and len(reply) == 2 and type(reply[1]) is str:
             raise TestFailed(_short(reply[1]))
         if kind == "raise" and len(reply) == 4 and type(reply[1]) is str and type(reply[2]) is str:

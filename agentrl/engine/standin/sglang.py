@@ -1,6 +1,6 @@
 """Stand-in SGLang server: the subset of SGLang 0.5.23's native HTTP API that agentrl uses, over the LocalEngine.
 
-The SGLang face of the one stand-in server (`standin_core.StandInCore`, which owns the in-flight table, aborts, the
+The SGLang face of the one stand-in server (`core.StandInCore`, which owns the in-flight table, aborts, the
 resume gate, weight labels, the request log, the TCP server and `serve`). Owns: the aiohttp routes that answer like
 an SGLang worker (same paths, bodies, status codes and error texts), so the `sglang` engine, sglang-router and the
 weight-sync path are exercised on a CPU. Every `/generate` body is judged by SGLang's own generated contract
@@ -41,9 +41,9 @@ from typing import Any
 
 from aiohttp import web
 
-from agentrl.engine.lora_contract import ControlValidator, sglang_control_validator
-from agentrl.engine.sglang_contract import SGLANG_VERSION, GenerateValidator, generate_validator
-from agentrl.engine.standin_core import StandInCore, StandInServer, json_object, serve_face
+from agentrl.engine.standin.core import StandInCore, StandInServer, json_object, serve_face
+from agentrl.engine.standin.lora_contract import ControlValidator, sglang_control_validator
+from agentrl.engine.standin.sglang_contract import SGLANG_VERSION, GenerateValidator, generate_validator
 from agentrl.errors import ConfigError
 from agentrl.types import Generation, SamplingParams
 

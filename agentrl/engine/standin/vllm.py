@@ -1,6 +1,6 @@
 """Stand-in vLLM server: the subset of vLLM 0.33.0's HTTP API that agentrl's `vllm` engine uses, over the LocalEngine.
 
-The vLLM face of the one stand-in server (`standin_core.StandInCore`, which owns the in-flight table, aborts, the
+The vLLM face of the one stand-in server (`core.StandInCore`, which owns the in-flight table, aborts, the
 resume gate, weight labels, the request log, the TCP server and `serve`). Owns: the aiohttp routes that answer like
 `VLLM_SERVER_DEV_MODE=1 vllm serve` (same paths, bodies, status codes, error shape {"error": {"message", "type",
 "param", "code"}}), so the `vllm` engine and the weight-sync path are exercised on a CPU. Every `/v1/completions`
@@ -24,7 +24,8 @@ generation (LocalEngine) or the contract.
     GET  /agentrl/requests      this stand-in's request log (request_id, session, cached tokens, version, ...)
 
 Differences from vLLM, on purpose: unknown request fields are refused (vLLM ignores them: see vllm_contract.py);
-the prefix cache is per session (`session_id` / X-Session-ID) instead of global; sampling features the LocalEngine lacks (penalties, min_p, stop strings, logit_bias...) are refused
+the prefix cache is per session (`session_id` / X-Session-ID) instead of global; sampling features the LocalEngine
+lacks (penalties, min_p, stop strings, logit_bias...) are refused
 with a 400 naming them rather than ignored; the engine applies one LoRA adapter at a time, so a request must name
 the adapter loaded last (or the base model before any), else a 400 saying so.
 """
@@ -39,9 +40,9 @@ from typing import Any
 
 from aiohttp import web
 
-from agentrl.engine.lora_contract import ControlValidator, vllm_lora_validator
-from agentrl.engine.standin_core import StandInCore, StandInServer, json_object, serve_face
-from agentrl.engine.vllm_contract import VLLM_VERSION, CompletionValidator, completion_validator
+from agentrl.engine.standin.core import StandInCore, StandInServer, json_object, serve_face
+from agentrl.engine.standin.lora_contract import ControlValidator, vllm_lora_validator
+from agentrl.engine.standin.vllm_contract import VLLM_VERSION, CompletionValidator, completion_validator
 from agentrl.errors import ConfigError
 from agentrl.types import Generation, SamplingParams
 

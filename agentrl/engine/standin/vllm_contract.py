@@ -17,7 +17,8 @@ Where the sources come from, first hit wins:
 
     $AGENTRL_VLLM_CONTRACT                a directory holding `vllm/...` (e.g. an unpacked wheel)
     an installed `vllm` distribution      located with importlib (not imported)
-    <cache>/vllm/0.33.0/                  written by `fetch_contract()` (`python -m agentrl.engine.vllm_contract fetch`)
+    <cache>/vllm/0.33.0/                  written by `fetch_contract()` (`python -m
+    agentrl.engine.standin.vllm_contract fetch`)
 
 vLLM's gate, reproduced by `CompletionValidator.check(body)` (None when admitted, else (status, message)):
     1. FastAPI parses the body into `CompletionRequest`: a pydantic error is HTTP 400 "N validation error(s): ...".
@@ -41,12 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.engine.server_contract import ServerContract
+from agentrl.engine.standin.server_contract import ServerContract
 from agentrl.errors import MissingDependencyError
 
 VLLM_VERSION = "0.33.0"
 ENV_VAR = "AGENTRL_VLLM_CONTRACT"
-FETCH_COMMAND = "python -m agentrl.engine.vllm_contract fetch"
+FETCH_COMMAND = "python -m agentrl.engine.standin.vllm_contract fetch"
 
 #: the real vLLM modules loaded, in dependency order (module name, path inside the wheel)
 REAL_MODULES = (

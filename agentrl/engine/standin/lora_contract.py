@@ -16,7 +16,7 @@ share each package's cache dir with the generate contracts):
 A violating body is HTTP 400 on both servers (each overrides FastAPI's 422). One deliberate difference, as for the
 generate contracts: both servers IGNORE unknown fields (SGLang's schema has extra_behavior="ignore", vLLM's models
 the pydantic default); the stand-ins refuse them, so a misspelt name in agentrl's client fails the tests.
-`python -m agentrl.engine.lora_contract fetch` fetches both.
+`python -m agentrl.engine.standin.lora_contract fetch` fetches both.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.engine.server_contract import ServerContract
-from agentrl.engine.sglang_contract import SGLANG_VERSION
-from agentrl.engine.vllm_contract import VLLM_VERSION
+from agentrl.engine.standin.server_contract import ServerContract
+from agentrl.engine.standin.sglang_contract import SGLANG_VERSION
+from agentrl.engine.standin.vllm_contract import VLLM_VERSION
 from agentrl.errors import MissingDependencyError
 
-FETCH_COMMAND = "python -m agentrl.engine.lora_contract fetch"
+FETCH_COMMAND = "python -m agentrl.engine.standin.lora_contract fetch"
 SGLANG_IO_STRUCT = "sglang/srt/managers/io_struct.py"
 SGLANG_MSGSPEC_UTILS = "sglang/srt/utils/msgspec_utils.py"
 VLLM_LORA_PROTOCOL = "vllm/entrypoints/serve/lora/protocol.py"
@@ -92,7 +92,7 @@ def _sglang_real(files: dict[str, Path]) -> ControlValidator:
 @functools.lru_cache(maxsize=8)  # every stand-in loads it; parsing io_struct.py takes a while
 def _sglang_loaded(io_struct: Path, msgspec_utils: Path, root: Path) -> ControlValidator:
     _need("msgspec", "pydantic", "pydantic_core")
-    utils = _load_module("agentrl_sglang_msgspec_utils", msgspec_utils.read_text(), str(msgspec_utils))
+    _load_module("agentrl_sglang_msgspec_utils", msgspec_utils.read_text(), str(msgspec_utils))
     source = "\n".join([
         "from __future__ import annotations", "from typing import Any, Dict, List, Optional, Union", "import msgspec",
         "from agentrl_sglang_msgspec_utils import msgspec_struct_pydantic_core_schema",

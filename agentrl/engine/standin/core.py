@@ -1,4 +1,4 @@
-"""The one stand-in server behind both API faces (`standin.StandIn`: SGLang's native API; `vllm_standin.VLLMStandIn`:
+"""The one stand-in server behind both API faces (`sglang.StandIn`: SGLang's native API; `vllm.VLLMStandIn`:
 vLLM's /v1/completions and dev control endpoints), over the LocalEngine.
 
 Owns what both faces do alike: the state (engine, request log, in-flight table, the resume gate, weight-version

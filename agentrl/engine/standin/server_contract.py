@@ -41,7 +41,7 @@ class ServerContract:
     version: str
     members: tuple[str, ...]  # paths inside the wheel, e.g. "sglang/api/v1/api_types.py"
     env_var: str
-    fetch_command: str  # e.g. "python -m agentrl.engine.sglang_contract fetch"
+    fetch_command: str  # e.g. "python -m agentrl.engine.standin.sglang_contract fetch"
     what: str  # what the files are, for messages: "SGLang's API contract"
     fetch_timeout_s: int = 600
 

@@ -7,7 +7,7 @@ used only when the real contract is unavailable. Finding and fetching the file i
     $AGENTRL_SGLANG_CONTRACT                      a path to an api_types.py
     an installed `sglang` distribution            <site-packages>/sglang/api/v1/api_types.py (located, not imported)
     <cache>/sglang/0.5.23/sglang/api/v1/...       written by `fetch_contract()`
-                                                  (`python -m agentrl.engine.sglang_contract fetch`)
+                                                  (`python -m agentrl.engine.standin.sglang_contract fetch`)
 
 The module needs only `msgspec`. SGLang's HTTP server answers a violating body with HTTP 400 `{"error": <text>}`,
 where <text> is `str(JsonContractError)`; `GenerateValidator.check(body)` returns that same text (or None).
@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.engine.server_contract import ServerContract
+from agentrl.engine.standin.server_contract import ServerContract
 from agentrl.errors import MissingDependencyError
 
 SGLANG_VERSION = "0.5.23"
 CONTRACT_MEMBER = "sglang/api/v1/api_types.py"
 ENV_VAR = "AGENTRL_SGLANG_CONTRACT"
-FETCH_COMMAND = "python -m agentrl.engine.sglang_contract fetch"
+FETCH_COMMAND = "python -m agentrl.engine.standin.sglang_contract fetch"
 CONTRACT = ServerContract("sglang", SGLANG_VERSION, (CONTRACT_MEMBER,), ENV_VAR, FETCH_COMMAND, "SGLang's API contract")
 
 #: SGLang 0.5.23 `SamplingParams` fields, in contract order (only for the fallback validator's messages).
