@@ -161,8 +161,9 @@ SIGNAL_LATER = r"""
 import os, subprocess, sys
 agent = next(int(p) for p in filter(str.isdigit, os.listdir("/proc"))
              if b"--workspace" in open(f"/proc/{p}/cmdline", "rb").read().split(b"\0"))
-subprocess.Popen([sys.executable, "-c", f"import os, time\ntime.sleep(0.5)\ntry:\n os.kill({agent}, 0)\nexcept OSError:\n"
-                  " pass\ntime.sleep(60)"], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+later = f"import os, time\ntime.sleep(0.5)\ntry:\n os.kill({agent}, 0)\nexcept OSError:\n pass\ntime.sleep(60)"
+subprocess.Popen([sys.executable, "-c", later], start_new_session=True, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL)
 """
 
 
@@ -243,7 +244,8 @@ fd = os.pidfd_open(os.getpid()); signal.pidfd_send_signal(fd, 0)
 import fcntl, struct
 fcntl.fcntl(fd, fcntl.F_SETOWN, os.getpid()); fcntl.fcntl(fd, 15, struct.pack("ii", 2, os.getpgid(0)))
 fcntl.ioctl(socket.socket(), 0x8901, struct.pack("i", -os.getpgid(0))); fcntl.fcntl(fd, fcntl.F_SETFL, os.O_NONBLOCK)
-signal.signal(signal.SIGUSR1, lambda *a: None); os.kill(os.getpid(), signal.SIGUSR1); signal.raise_signal(signal.SIGUSR1)
+signal.signal(signal.SIGUSR1, lambda *a: None)
+os.kill(os.getpid(), signal.SIGUSR1); signal.raise_signal(signal.SIGUSR1)
 t = threading.Thread(target=lambda: None); t.start(); t.join()
 signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
 srv = socket.create_server(("127.0.0.1", 0)); port = srv.getsockname()[1]

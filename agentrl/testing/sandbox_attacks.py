@@ -12,8 +12,7 @@ import asyncio
 from typing import Any
 
 from agentrl.sandbox.client import Sandbox, SandboxPathError
-from agentrl.testing.policy_attacks import (PROBE_ATTACKS, attack_hide_an_oom_kill, attack_probe_the_kernel,
-                                           still_serves)
+from agentrl.testing.policy_attacks import PROBE_ATTACKS, attack_hide_an_oom_kill, attack_probe_the_kernel, still_serves
 
 # defines agent_of() -> (pid, --unix socket path or "") of the agent, or None: found through /proc/*/cmdline, which
 # every process may read (also the chaos tier's signal_the_agent attack, `scripted_attacks`)
