@@ -2046,11 +2046,15 @@ class Reaper:
         with self._cond:
             return pid in self._status
 
-    def adopt(self, pid: int) -> None:
+    def adopt(self, pid: int, since_ticks: int | None = None) -> None:
         """Keep `pid`'s exit code should it become the agent's child (a command whose spawner died: orphans are
-        re-parented to the agent); `forget` it once its exit code is known."""
+        re-parented to the agent); `forget` it once its exit code is known. A command that was re-parented, exited
+        and reaped before this call (its spawner killed right after answering) is among the leaders reaped lately:
+        with `since_ticks` (when it was started, clock ticks since boot), its exit code is taken from there."""
         with self._cond:
             self._tracked.add(pid)
+            if since_ticks is not None and pid in self._leaders and self._leaders[pid][0] >= since_ticks:
+                self._status[pid] = self._leaders.pop(pid)[1]
             self._cond.notify_all()
 
     def forget(self, pid: int) -> None:
@@ -2254,12 +2258,13 @@ class Agent:
         if spawner is not None and not spawner.unusable:
             try:
                 spawner.ensure(deadline)
+                since = _boot_ticks()
                 try:
                     proc = spawner.spawn(run, deadline)
                 except _GoneBefore:
                     spawner.ensure(deadline)
                     proc = spawner.spawn(run, deadline)
-                self._reaper.adopt(proc.pid)  # its exit code, should the policy kill the spawner meanwhile
+                self._reaper.adopt(proc.pid, since)  # its exit code, should the policy kill the spawner meanwhile
                 return proc
             except SpawnerUnusable as e:
                 if self.relay:  # no fallback: a command started here would run in the agent's own container
