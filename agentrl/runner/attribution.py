@@ -49,6 +49,11 @@ and a missed deadline on a sandbox that still answers.
                                                                    parsing, paths, its files, rendering)
     (fresh grading: `finalize` covers collect() in the policy's sandbox and grade() in the fresh one; a death of
     the fresh sandbox follows the rows above with that sandbox's facts)
+
+A SIGKILL is an outside cause ("killed:9", "signal:9") only when the backend holds a positive record that the OOM
+killer did not send it (the kernel's OOM counter of the agent's cgroup, the engine's own kill event); with none it
+reports "sigkill_unproven", which no row above proves: the policy's. No backend infers an outside kill from a missing
+OOM flag (docs/reward-integrity.md, "How each backend proves an agent's death").
 """
 
 from __future__ import annotations

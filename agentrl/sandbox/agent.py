@@ -61,10 +61,10 @@ to starting commands itself. The commands' orphans go to that pid namespace's in
 kills or stops its own spawner (`kill -9 -1`) keeps its output, but its exit code is lost (126 and a note: the
 policy's doing).
 
-Protocol (JSON bodies, HTTP/1.1 keep-alive with Content-Length). One acceptor thread holds every new connection
-until its first request head is complete (bounded count, size and time) and checks the bearer token; only an
-authorized connection gets a worker thread (at most MAX_WORKERS), so a connection flood from inside the sandbox
-costs no thread:
+Protocol (JSON bodies, /file's raw bytes; HTTP/1.1 keep-alive with Content-Length). One acceptor thread holds every
+new connection until its first request head is complete (bounded count, size and time) and checks the bearer token;
+only an authorized connection gets a worker thread (at most MAX_WORKERS), so a connection flood from inside the
+sandbox costs no thread:
 
     GET  /health   -> {ok, pid, version, workspace, writable, uid_separated, command_uid, resources_separated,
                        commands_apart, judge_python, seccomp}   seccomp: the syscall policy's mode (notify, errno,
@@ -85,17 +85,28 @@ costs no thread:
                    none is left;
                    also those of concurrent execs; then the SysV IPC objects of the command user; 409 (kind
                    "survivors", "policy processes survived kill") when some survive SIGKILL for 5 s
-    POST /write    {path, content_b64, mode} -> {ok, bytes}
-    POST /read     {path} -> {content_b64}
+    PUT  /file?path=P&mode=M   raw body (Content-Length: the file's size) -> {ok, bytes}   P percent-encoded
+                   (UTF-8), M decimal (default 420 = 0o644); the body is written FILE_CHUNK bytes at a time as it
+                   arrives (the agent never holds the file); an error met on the way (path refused, disk full) is
+                   answered after the rest of the body was read and dropped; a body cut short leaves the file
+                   with what arrived (the connection is gone: the host knows the write failed)
+    GET  /file?path=P&max=N    -> 200 application/octet-stream, Content-Length: S + 1, where S is the file's size
+                   by fstat once opened; the body is S bytes of the file, streamed FILE_CHUNK at a time, then one
+                   status byte: b"." the file still had exactly S bytes at the end, b"!" it changed size while
+                   read (or a read failed): the bytes before it are not the file (zero-padded to S when it shrank,
+                   so the answer is never cut short and the host never waits). N (optional): a file larger than N
+                   bytes is refused with 413 kind "too_large" naming N, before anything is sent. No limit of the
+                   agent's own: its memory for a transfer is FILE_CHUNK whatever the size.
     errors         -> {error: msg[, kind]} with 400 (bad request; kind "not_regular" for a directory, FIFO, socket,
                    device or symlink; kind "bad_path" for a path that cannot be resolved: more than 40 symlinks,
                    too long, NUL, not encodable), 401 (token), 403 (path outside workspace, or not accessible to the
-                   command user), 404, 409 (kind "survivors"), 413 (kind "too_large"), 431 (request head too
-                   large), 500 (a bug in the agent), 503 (MAX_WORKERS connections busy)
+                   command user), 404 (no such file; kind "no_route": no such route), 409 (kind "survivors"),
+                   413 (kind "too_large"), 431 (request head too large), 500 (a bug in the agent), 503
+                   (MAX_WORKERS connections busy)
 
 Paths are resolved without recursion (at most 40 symlinks, like the kernel) and opened with openat2
 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS below the workspace root where the kernel has it; files are opened
-O_NONBLOCK, checked to be regular with fstat and read into a buffer sized from fstat, capped at MAX_READ.
+O_NONBLOCK and checked to be regular with fstat (so a FIFO cannot block a read).
 
 After binding, the agent prints READY_LINE on stdout so the starter needs no polling.
 """
@@ -103,7 +114,6 @@ After binding, the agent prints READY_LINE on stdout so the starter needs no pol
 from __future__ import annotations
 
 import array
-import base64
 import ctypes
 import errno
 import json
@@ -118,12 +128,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-VERSION = 1
+VERSION = 2  # 2: files move as raw bytes (PUT / GET /file); 1 had the JSON /write and /read
 READY_LINE = "AGENTRL-AGENT-READY"
-MAX_BODY = 256 * 1024 * 1024  # request bodies (file writes) above this are refused with 413
-MAX_READ = 64 * 1024 * 1024  # files above this are refused by /read with 413
+MAX_BODY = 256 * 1024 * 1024  # JSON request bodies above this are refused with 413 (file bodies stream: no cap)
+MAX_OUTPUT = 64 * 1024 * 1024  # an exec's output_limit (bytes kept per stream) is capped at this
+FILE_CHUNK = 1 << 20  # PUT/GET /file move a file this many bytes at a time: the agent's memory for a transfer
 DEFAULT_OUTPUT_LIMIT = 64 * 1024
 EXIT_GRACE_S = 0.1  # after the main process exits, how long pipes held by background processes may stay open
 DRAIN_AFTER_KILL_S = 0.5  # after SIGKILL of the group, how long to keep collecting output
@@ -596,27 +607,6 @@ def open_regular(real: str, roots: tuple[str, ...], flags: int, mode: int, shown
         raise HTTPError(400, f"path {shown!r} is not a regular file ({what})", "not_regular")
     os.set_blocking(fd, True)
     return fd
-
-
-def read_capped(fd: int, limit: int, shown: str) -> bytearray:
-    """The content of the regular file `fd`, at most `limit` bytes (413, kind "too_large", above it). The buffer is
-    sized from fstat, so a sparse file claiming terabytes is refused before anything is allocated or read."""
-    too_big = HTTPError(413, f"file {shown!r} is larger than {limit} bytes; read it in parts via exec", "too_large")
-    size = os.fstat(fd).st_size
-    if size > limit:
-        raise too_big
-    buf = bytearray(size + 1)  # one more: the file may have grown since fstat
-    got = 0
-    while True:
-        if got == len(buf):
-            if got > limit:
-                raise too_big
-            buf.extend(bytes(min(len(buf), limit + 1 - got)))
-        n = os.readv(fd, [memoryview(buf)[got:]])
-        if n == 0:
-            del buf[got:]
-            return buf
-        got += n
 
 
 # ---------------------------------------------------------------- exec
@@ -2172,13 +2162,18 @@ class Agent:
         if self._spawner is not None and relay:
             self._spawner.on_counter_files = self.counters.use_files
 
-    def dispatch(self, method: str, path: str, body: bytes) -> dict:
-        routes = {("GET", "/health"): self.health, ("POST", "/exec"): self.exec, ("POST", "/write"): self.write,
-                  ("POST", "/read"): self.read, ("POST", "/kill_all"): self.kill_all}
-        handler = routes.get((method, path.split("?", 1)[0]))
+    def dispatch(self, method: str, path: str, body: "bytes | bytearray | BodyStream") -> "dict | FileBody":
+        route, _, query = path.partition("?")
+        if route == "/file" and method in ("GET", "PUT"):
+            req = _query(query)
+            return self.read(req) if method == "GET" else self.write(req, body)
+        routes = {("GET", "/health"): self.health, ("POST", "/exec"): self.exec,
+                  ("POST", "/kill_all"): self.kill_all}
+        handler = routes.get((method, route))
         if handler is None:
-            raise HTTPError(404 if method in ("GET", "POST") else 405, f"no route {method} {path}")
-        req = _json_body(body) if method == "POST" else {}
+            raise HTTPError(404 if method in ("GET", "POST", "PUT") else 405, f"no route {method} {path[:200]}",
+                            "no_route")
+        req = _json_body(body) if method == "POST" and not isinstance(body, BodyStream) else {}
         return handler(req)
 
     def health(self, req: dict) -> dict:
@@ -2209,7 +2204,7 @@ class Agent:
     def exec(self, req: dict) -> dict:
         argv = _argv(req.get("cmd"))
         timeout = _number(req, "timeout", 30.0)
-        limit = int(min(_number(req, "output_limit", DEFAULT_OUTPUT_LIMIT), MAX_READ))
+        limit = int(min(_number(req, "output_limit", DEFAULT_OUTPUT_LIMIT), MAX_OUTPUT))
         kill_leftovers = req.get("kill_leftovers", False)
         if not isinstance(kill_leftovers, bool):
             raise HTTPError(400, f"field 'kill_leftovers' must be true or false, got {kill_leftovers!r}")
@@ -2320,39 +2315,49 @@ class Agent:
             return 126
         return code
 
-    def write(self, req: dict) -> dict:
-        content, mode = req.get("content_b64") or "", req.get("mode", 0o644)
-        if not isinstance(content, str):
-            raise HTTPError(400, "field 'content_b64' must be a base64 string")
-        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
-            raise HTTPError(400, f"field 'mode' must be a permission number such as 420 (0o644), got {mode!r}")
-        try:
-            data = base64.b64decode(content, validate=True)
-        except ValueError as e:
-            raise HTTPError(400, f"field 'content_b64' is not valid base64: {e}") from None
+    def write(self, req: dict, body: "bytes | bytearray | BodyStream") -> dict:
+        """PUT /file: the body written into the file as it arrives, FILE_CHUNK bytes at a time."""
+        mode = req.get("mode", "420")
+        if not mode.isdigit() or int(mode) > 0o7777:
+            raise HTTPError(400, f"query field 'mode' must be a decimal permission number such as 420 (0o644), "
+                                 f"got {mode[:40]!r}")
+        mode_bits = int(mode)
         roots = (self.workspace, *self.writable)
+        chunks = body.chunks() if isinstance(body, BodyStream) else iter((memoryview(body),) if body else ())
+        written = 0
         with self.identity.files(), _Denied403(req.get("path")):
             target = resolve_in_workspace(self.workspace, req.get("path"), self.writable)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             target = resolve_in_workspace(self.workspace, target, self.writable)  # a parent may be a symlink now
-            fd = open_regular(target, roots, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode, req["path"])
+            fd = open_regular(target, roots, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode_bits, req["path"])
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fchmod(fd, mode)
+                for view in chunks:
+                    written += len(view)
+                    while view:
+                        view = view[os.write(fd, view):]
+                os.fchmod(fd, mode_bits)
             finally:
                 os.close(fd)
-        return {"ok": True, "bytes": len(data)}
+        return {"ok": True, "bytes": written}
 
-    def read(self, req: dict) -> "Base64Body":
+    def read(self, req: dict) -> "FileBody":
+        """GET /file: the file streamed from its descriptor (FileBody), refused before anything is sent when it
+        is larger than the reader's `max`."""
+        limit = req.get("max")
+        if limit is not None and not limit.isdigit():
+            raise HTTPError(400, f"query field 'max' must be a number of bytes, got {limit[:40]!r}")
         with self.identity.files(), _Denied403(req.get("path")):
             target = resolve_in_workspace(self.workspace, req.get("path"), self.writable)
             fd = open_regular(target, (self.workspace, *self.writable), os.O_RDONLY, 0, req["path"])
         try:
-            return Base64Body(read_capped(fd, MAX_READ, req["path"]))
-        finally:
+            size = os.fstat(fd).st_size
+            if limit is not None and size > int(limit):
+                raise HTTPError(413, f"file {req['path']!r} is larger than the reader's limit of {limit} bytes "
+                                     f"(max; it has {size}); read it in parts via exec", "too_large")
+        except BaseException:
             os.close(fd)
+            raise
+        return FileBody(fd, size)
 
     # ------------------------------------------------------------ leftovers
 
@@ -2505,6 +2510,22 @@ def _result(code: int | None, out: bytes, err: bytes, timed_out: bool, truncated
             "duration_s": round(time.monotonic() - start, 6)}
 
 
+def _query(query: str) -> dict[str, str]:
+    """The fields of a query string (percent-encoded UTF-8, the last of a repeated name wins); 400 when one cannot
+    be decoded."""
+    from urllib.parse import unquote  # only file transfers need it
+
+    out: dict[str, str] = {}
+    for part in query.split("&") if query else ():
+        name, _, value = part.partition("=")
+        try:
+            out[unquote(name, errors="strict")] = unquote(value, errors="strict")
+        except UnicodeDecodeError as e:
+            raise HTTPError(400, f"query field {name[:40]!r} is not percent-encoded UTF-8: {e}", "bad_path") \
+                from None
+    return out
+
+
 def _json_body(body: bytes) -> dict:
     try:
         req = json.loads(body or b"{}")
@@ -2554,25 +2575,87 @@ IDLE_TIMEOUT_S = 300.0  # an authorized keep-alive connection silent this long i
 ACCEPTS_PER_ROUND = 64
 
 
-class Base64Body:
-    """The answer {"content_b64": ...} of /read, written in pieces: the file's bytes are held once and their base64
-    is made and sent 768 KiB at a time, so the agent's memory for a read is the file's size, not several times it."""
+class FileBody:
+    """The answer of GET /file: `size` bytes (the file's size by fstat once opened) sent from the descriptor
+    FILE_CHUNK bytes at a time through one reused buffer, then one status byte: b"." when the file still had
+    exactly `size` bytes at the end, b"!" when it changed size while read or a read failed (zero-padded to `size`
+    first, so the answer always has its announced length: the host is never left waiting, and never takes a
+    short file for the whole one). Owns `fd` until send() returns (or close() when it is never sent)."""
 
-    PREFIX, SUFFIX, STEP = b'{"content_b64": "', b'"}', 3 * 256 * 1024
+    DONE, CHANGED = b".", b"!"
 
-    def __init__(self, data: bytearray) -> None:
-        self.data = data
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd, self.size = fd, size
 
     def __len__(self) -> int:
-        return len(self.PREFIX) + 4 * ((len(self.data) + 2) // 3) + len(self.SUFFIX)
+        return self.size + 1
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def send(self, conn: socket.socket, head: bytes) -> None:
-        view = memoryview(self.data)
-        first = base64.b64encode(view[: self.STEP])
-        conn.sendall(head + self.PREFIX + first + (self.SUFFIX if len(view) <= self.STEP else b""))
-        for i in range(self.STEP, len(view), self.STEP):
-            conn.sendall(base64.b64encode(view[i: i + self.STEP]) + (self.SUFFIX if i + self.STEP >= len(view)
-                                                                      else b""))
+        try:
+            conn.sendall(head)
+            buf = memoryview(bytearray(min(FILE_CHUNK, max(self.size, 1))))
+            sent, status = 0, self.DONE
+            while sent < self.size:
+                want = min(len(buf), self.size - sent)
+                try:
+                    n = os.readv(self.fd, [buf[:want]]) if status == self.DONE else 0
+                except OSError:
+                    n = 0
+                if n == 0:  # shrank (or unreadable): pad, so the answer keeps its announced length
+                    status = self.CHANGED
+                    buf[:want] = bytes(want)
+                    n = want
+                conn.sendall(buf[:n])
+                sent += n
+            if status == self.DONE:
+                try:
+                    grew = os.fstat(self.fd).st_size != self.size or os.pread(self.fd, 1, self.size) != b""
+                except OSError:
+                    grew = True
+                status = self.CHANGED if grew else self.DONE
+            conn.sendall(status)
+        finally:
+            self.close()
+
+
+class BodyStream:
+    """The body of a PUT /file request, read from the connection as it is used: chunks() yields it at most
+    FILE_CHUNK bytes at a time through one reused buffer; drain() reads and drops what is left (an error answered
+    before the whole body was used), so the connection stays in step for the next request."""
+
+    def __init__(self, reader: "_Reader", length: int) -> None:
+        self.reader, self.left = reader, length
+        self._buf: memoryview | None = None
+
+    def chunks(self) -> "Iterator[memoryview]":
+        while self.left:
+            if self.reader.buf:  # what arrived with the head comes first
+                take = bytes(self.reader.buf[:self.left])
+                del self.reader.buf[:len(take)]
+                self.left -= len(take)
+                yield memoryview(take)
+                continue
+            if self._buf is None:
+                self._buf = memoryview(bytearray(min(FILE_CHUNK, self.left)))
+            n = self.reader.conn.recv_into(self._buf, min(len(self._buf), self.left))
+            if n == 0:
+                raise ConnectionAbortedError(f"the request body ended {self.left} bytes early")
+            self.left -= n
+            yield self._buf[:n]
+
+    def drain(self) -> bool:
+        """Read and drop the rest of the body; False when the connection ended first."""
+        try:
+            for _ in self.chunks():
+                pass
+        except OSError:
+            return False
+        return True
 
 
 class _Reader:
@@ -2663,13 +2746,15 @@ def _head_complete(buf: bytearray) -> bool:
     return b"\r\n\r\n" in buf or b"\n\n" in buf
 
 
-def _answer(conn: socket.socket, status: int, obj: "dict | Base64Body", keep: bool) -> None:
+def _answer(conn: socket.socket, status: int, obj: "dict | FileBody", keep: bool) -> None:
     if STOPPING.is_set():  # SIGTERM: the shutdown kills the commands, and an answer now would report that death (a
+        if isinstance(obj, FileBody):
+            obj.close()
         conn.shutdown(socket.SHUT_RDWR)  # command "killed:9") as the command's own outcome; the host must see the
         raise ConnectionAbortedError("the agent is stopping")  # connection drop, the sandbox's death, instead
     tail = "" if keep else "Connection: close\r\n"
-    if isinstance(obj, Base64Body):
-        head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
+    if isinstance(obj, FileBody):
+        head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/octet-stream\r\n"
                 f"Content-Length: {len(obj)}\r\n{tail}\r\n").encode()
         obj.send(conn, head)
         return
@@ -2712,13 +2797,23 @@ def serve_connection(conn: socket.socket, agent: Agent, token: str | None, reade
                 _answer(conn, 401, {"error": "missing or wrong bearer token (header 'Authorization: Bearer "
                                              "<token>')"}, False)
                 return
-            if head.length > MAX_BODY:
+            streamed = head.method == "PUT"  # a file's body: read as it is written (BodyStream), no cap
+            if head.length > MAX_BODY and not streamed:
                 _answer(conn, 413, {"error": f"request body larger than {MAX_BODY} bytes"}, False)
                 return
-            body = reader.read(head.length) if head.length else b""
-            if len(body) != head.length:
-                return
+            body: bytes | bytearray | BodyStream
+            if streamed:
+                body = BodyStream(reader, head.length)
+            else:
+                raw = reader.read(head.length) if head.length else b""
+                if len(raw) != head.length:
+                    return
+                body = raw
             status, obj = _handle(agent, head.method, head.target, body)
+            if isinstance(body, BodyStream) and not body.drain():  # the rest of a body the handler did not use
+                if isinstance(obj, FileBody):
+                    obj.close()
+                return
             keep = head.keep_alive and not (release is not None and release())
             _answer(conn, status, obj, keep)
             if not keep:
@@ -2730,7 +2825,8 @@ def serve_connection(conn: socket.socket, agent: Agent, token: str | None, reade
         conn.close()
 
 
-def _handle(agent: Agent, method: str, target: str, body: bytes) -> tuple[int, "dict | Base64Body"]:
+def _handle(agent: Agent, method: str, target: str,
+            body: "bytes | bytearray | BodyStream") -> tuple[int, "dict | FileBody"]:
     try:
         return 200, agent.dispatch(method, target, body)
     except HTTPError as e:

@@ -114,6 +114,9 @@ class SandboxHandle:
     timings: dict[str, float] = field(default_factory=dict)  # create_s, start_s, agent_ready_s
 
 
+SIGKILL_UNPROVEN = "sigkill_unproven"  # a death cause: SIGKILL, OOM killer or not unknown (charged to the policy)
+
+
 class SandboxBackend(Protocol):
     name: str
 
@@ -130,8 +133,12 @@ class SandboxBackend(Protocol):
     async def death_cause(self, handle: SandboxHandle) -> str | None:
         """Why a sandbox whose agent stopped answering is gone, as far as the backend can prove it (a fact for
         failure attribution, not a verdict): "deleted" (removed from outside), "evicted", "oom" (the kernel OOM-
-        killed the agent/container), "exited:<code>" / "signal:<n>" (how the agent process ended); None when unknown
-        or still running. Call it before the lease ends (the pool destroys the sandbox then)."""
+        killed the agent/container), "exited:<code>" / "signal:<n>" (how the agent process ended), SIGKILL_UNPROVEN
+        (the agent died of SIGKILL and the backend cannot tell the OOM killer from an outside kill: the signal that
+        would tell them apart is missing); None when unknown or still running. Call it before the lease ends (the
+        pool destroys the sandbox then). A SIGKILL counts as from outside ("killed:9", or "signal:9" for a resource-
+        separated agent) only when the backend has a positive record that it was not the OOM killer, never from the
+        mere absence of an OOM flag (docs/reward-integrity.md, "How each backend proves an agent's death")."""
         ...
 
     async def sweep(self, *, run_id: str | None = None, all_runs: bool = False) -> int:

@@ -8,15 +8,20 @@ Exceptions raised by `Sandbox` methods:
 
     SandboxDiedError (agentrl.errors, infra)   connection refused/reset, socket gone, no answer within the deadline;
                                                `.in_flight` says whether a request had been sent when it broke
-    SandboxError     (agentrl.errors, infra)   the agent answered 5xx or rejected our token (a bug or misconfig)
+    SandboxError     (agentrl.errors, infra)   the agent answered 5xx, rejected our token or has no such route (an
+                                               agent of another protocol version): a bug or misconfig
     SandboxPathError (PermissionError)         403: the path resolves outside the workspace, or the sandbox user may
                                                not access it; 400 kind "bad_path": it cannot be resolved (more than
                                                40 symlinks, a loop, NUL, too long) -> a tool error / the policy's
                                                doing, never infra
     SandboxFileError (ValueError)              the path is not a regular file (directory, FIFO, socket, device,
-                                               symlink) or is larger than the agent's read cap (413): the policy's
-                                               doing, never infra
-    FileNotFoundError                          404 from /read
+                                               symlink), is larger than the reader's limit (413, kind "too_large";
+                                               read_bytes(limit=), READ_LIMIT by default), or changed size while it
+                                               was read (kind "changed_while_read"): the policy's doing, never infra
+    FileNotFoundError                          404 from GET /file
+
+Files move as raw bytes (PUT / GET /file, see agent.py), FILE_CHUNK at a time on both sides: the agent never holds a
+file, and the host holds only the bytes the caller passed in or gets back (no base64 or JSON copies of them).
     SandboxSurvivorsError (agentrl.errors      409 kind "survivors": processes of the sandbox user survived SIGKILL
       .PolicyError)                            (/kill_all, kill_leftovers): the policy's doing, scored
     ValueError                                 400: bad arguments
@@ -28,7 +33,6 @@ never sending on one it may be closing at that moment keeps a request from being
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import select
 import socket
@@ -39,7 +43,10 @@ from agentrl.errors import PolicyError, SandboxDiedError, SandboxError
 from agentrl.sandbox.base import AgentEndpoint, ExecResult, SandboxHandle, SandboxSpec
 
 EXEC_GRACE_S = 10.0  # client-side deadline of an exec = its timeout + this (a hung agent never hangs the caller)
-IO_TIMEOUT_S = 60.0  # deadline of /read, /write
+IO_TIMEOUT_S = 60.0  # deadline of a file transfer, plus its size at IO_MIN_RATE
+IO_MIN_RATE = 16 * 1024 * 1024  # bytes/s a live agent moves a file at least (a slower one is taken for hung)
+READ_LIMIT = 256 * 1024 * 1024  # read_bytes' default limit: a larger file is refused (413) before it is sent
+FILE_CHUNK = 1 << 20  # bytes handed to the transport (write) or taken from it (read) at a time
 HEALTH_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 4  # per sandbox: concurrent requests beyond this wait
 IDLE_REUSE_S = 60.0  # an idle keep-alive connection older than this is closed, not reused (agent: 300 s)
@@ -88,14 +95,25 @@ class _Connection:
         poller.register(sock.fileno(), select.POLLIN | select.POLLRDHUP)
         return bool(poller.poll(0))
 
-    async def roundtrip(self, head: bytes, body: bytes) -> tuple[int, bytes]:
+    async def roundtrip(self, head: bytes, body: bytes | bytearray | memoryview) -> tuple[int, bytes | bytearray]:
+        """Send `head` and `body` (FILE_CHUNK at a time, waiting for the transport to take each) and return the
+        answer's status and body. A 200 octet-stream body is read into one buffer of its announced size, FILE_CHUNK
+        at a time (the StreamReader never holds more than its own small limit)."""
         self.sent = False
-        self.writer.write(head + body)
-        self.sent = True
+        view = memoryview(body)
+        if len(view) <= FILE_CHUNK:
+            self.writer.write(head + body)
+            self.sent = True
+        else:
+            self.writer.write(head)
+            self.sent = True
+            for i in range(0, len(view), FILE_CHUNK):
+                self.writer.write(view[i:i + FILE_CHUNK])
+                await self.writer.drain()
         raw = await self.reader.readuntil(b"\r\n\r\n")
         lines = raw.decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
-        length = 0
+        length, raw_body = 0, False
         for line in lines[1:]:
             name, _, value = line.partition(":")
             name = name.strip().lower()
@@ -103,7 +121,20 @@ class _Connection:
                 length = int(value)
             elif name == "connection" and value.strip().lower() == "close":
                 self.reusable = False
-        payload = await self.reader.readexactly(length) if length else b""
+            elif name == "content-type" and value.strip().lower() == "application/octet-stream":
+                raw_body = True
+        if not length:
+            return status, b""
+        if not raw_body:
+            return status, await self.reader.readexactly(length)
+        payload = bytearray(length)
+        got = 0
+        while got < length:
+            chunk = await self.reader.read(min(FILE_CHUNK, length - got))
+            if not chunk:
+                raise asyncio.IncompleteReadError(b"", length - got)
+            payload[got:got + len(chunk)] = chunk
+            got += len(chunk)
         return status, payload
 
     def close(self) -> None:
@@ -130,10 +161,20 @@ class AgentClient:
                       timeout: float) -> tuple[int, dict[str, Any]]:
         """One request; returns (status, decoded JSON). Transport failures raise SandboxDiedError, with
         `in_flight=True` when the request had been sent (the agent died or hung while handling it)."""
+        body = json.dumps(payload).encode() if payload is not None else b""
+        status, raw = await self.exchange(method, path, body, timeout=timeout)
+        if isinstance(raw, bytearray):
+            raise SandboxError(f"agent at {self.endpoint.address} answered {method} {path} with raw bytes")
+        return status, _decode(raw, status)
+
+    async def exchange(self, method: str, path: str, body: bytes | bytearray | memoryview, *, timeout: float,
+                       content_type: str = "application/json") -> tuple[int, bytes | bytearray]:
+        """One request with a body of raw bytes; returns (status, body): a bytearray for a 200 octet-stream
+        answer (GET /file), else the answer's bytes (JSON). Failures as request()."""
         if self._closed:
             raise SandboxDiedError(f"client for agent {self.endpoint.address} is closed")
-        body = json.dumps(payload).encode() if payload is not None else b""
-        head = f"{method} {path} HTTP/1.1\r\n{self._head_tail}Content-Length: {len(body)}\r\n\r\n".encode()
+        tail = self._head_tail.replace("application/json", content_type)
+        head = f"{method} {path} HTTP/1.1\r\n{tail}Content-Length: {len(body)}\r\n\r\n".encode()
         async with self._slots:
             conn = None
             try:
@@ -156,7 +197,7 @@ class AgentClient:
                 self._discard(conn)
                 raise
             self._release(conn)
-        return status, _decode(raw, status)
+        return status, raw
 
     def _take_idle(self) -> _Connection | None:
         now = time.monotonic()
@@ -209,6 +250,12 @@ def _decode(raw: bytes, status: int) -> dict[str, Any]:
     return {"error": obj.get("error", f"HTTP {status}"), "kind": obj.get("kind")}
 
 
+def _quote(path: str) -> str:
+    from urllib.parse import quote
+
+    return quote(path, safe="/", errors="surrogatepass")  # a lone surrogate arrives undecodable: bad_path
+
+
 def _raise_for(status: int, obj: dict[str, Any], what: str) -> None:
     if status == 200:
         return
@@ -220,6 +267,9 @@ def _raise_for(status: int, obj: dict[str, Any], what: str) -> None:
         raise SandboxSurvivorsError(msg)
     if status == 413 or (status == 400 and kind == "not_regular"):
         raise SandboxFileError(msg, kind or "too_large")
+    if status in (404, 405) and (kind == "no_route" or str(obj.get("error", "")).startswith("no route")):
+        # an agent of another protocol version (agent.py VERSION; before 2 it had no /file): a setup fault, infra
+        raise SandboxError(f"{msg} (the sandbox's agent does not speak this client's protocol: another version)")
     if status == 404:
         raise FileNotFoundError(msg)
     if status in (400, 413):
@@ -310,19 +360,35 @@ class Sandbox:
         out, self._observed = self._observed, []
         return out
 
-    async def write_file(self, path: str, content: str | bytes, mode: int = 0o644) -> None:
-        data = content.encode() if isinstance(content, str) else bytes(content)
-        payload = {"path": path, "content_b64": base64.b64encode(data).decode("ascii"), "mode": mode}
-        status, obj = await self.client.request("POST", "/write", payload, timeout=IO_TIMEOUT_S)
-        _raise_for(status, obj, f"write {path!r} in sandbox {self.id}")
+    async def write_file(self, path: str, content: str | bytes | bytearray | memoryview, mode: int = 0o644) -> None:
+        """Write `content` to `path` (created with its parents; `mode` applied). The bytes go to the agent as they
+        are, FILE_CHUNK at a time (a str is encoded once); the agent writes them as they arrive."""
+        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
+            raise ValueError(f"mode must be a permission number such as 0o644, got {mode!r}")
+        data = content.encode() if isinstance(content, str) else content
+        size = memoryview(data).nbytes
+        status, raw = await self.client.exchange(
+            "PUT", f"/file?path={_quote(path)}&mode={mode}", data, content_type="application/octet-stream",
+            timeout=IO_TIMEOUT_S + size / IO_MIN_RATE)
+        _raise_for(status, _decode(bytes(raw), status), f"write {path!r} in sandbox {self.id}")
 
-    async def read_bytes(self, path: str) -> bytes:
-        status, obj = await self.client.request("POST", "/read", {"path": path}, timeout=IO_TIMEOUT_S)
-        _raise_for(status, obj, f"read {path!r} in sandbox {self.id}")
-        return base64.b64decode(obj["content_b64"])
+    async def read_bytes(self, path: str, *, limit: int = READ_LIMIT) -> bytes:
+        """The content of `path` (a bytearray: one buffer of the file's size, nothing copied after it arrived).
+        A file larger than `limit` bytes is refused (SandboxFileError kind "too_large") before it is sent; one that
+        changed size while read raises SandboxFileError kind "changed_while_read" (never a short or padded file)."""
+        status, raw = await self.client.exchange("GET", f"/file?path={_quote(path)}&max={int(limit)}", b"",
+                                                 timeout=IO_TIMEOUT_S + limit / IO_MIN_RATE)
+        what = f"read {path!r} in sandbox {self.id}"
+        _raise_for(status, _decode(bytes(raw), status) if status != 200 else {}, what)
+        if not isinstance(raw, bytearray) or not raw:
+            raise SandboxError(f"{what}: the agent's answer is not a file's bytes (an agent of another version?)")
+        if raw[-1:] != b".":
+            raise SandboxFileError(f"{what}: the file changed size while it was read", "changed_while_read")
+        del raw[-1:]  # the status byte (shrinking a bytearray at its end copies nothing)
+        return raw  # type: ignore[return-value]  # a bytearray: bytes' methods, no copy of a file of any size
 
-    async def read_file(self, path: str) -> str:
-        return (await self.read_bytes(path)).decode("utf-8", "replace")
+    async def read_file(self, path: str, *, limit: int = READ_LIMIT) -> str:
+        return (await self.read_bytes(path, limit=limit)).decode("utf-8", "replace")
 
     async def health(self) -> bool:
         """True when the agent answers; never raises for a dead agent."""

@@ -38,8 +38,9 @@ live there with only the agent's pids limit; the sandbox's cgroup directories ar
 (root-owned files: commands, uid 1000, cannot write them) and the agent starts every command in `commands`
 (`--cgroups v1:...`) and kills through it. A command filling memory, pids or CPU then hits only its own limits: the
 kernel's OOM killer picks inside `commands`, never the agent. Two containers (any engine the host side is root
-of: cgroup v2, the systemd driver): the agent's container (its own 0.25 CPU, 256 MiB, pids) and `<name>-cmd`, the
-commands' container with the spec's limits, in the agent container's pid, ipc and network namespaces, both mounting
+of: cgroup v2, the systemd driver): the agent's container (its own 0.25 CPU, pids, and 256 MiB plus room for every
+tmpfs volume it writes into: `agent_container_memory`) and `<name>-cmd`, the commands' container with the spec's
+limits, in the agent container's pid, ipc and network namespaces, both mounting
 the same tmpfs volumes (`<name>-vN`: /agentrl, /workspace, /tmp, the writable dirs); its main process is the relay
 (agent.py RELAY_SOURCE: root with SETUID / SETGID only), which starts the agent's command spawner there, as on
 Kubernetes. A non-root host side gets neither: the container's limits cover the agent and its commands together
@@ -67,7 +68,6 @@ import logging
 import os
 import secrets
 import shutil
-import socket
 import stat
 import tempfile
 import time
@@ -86,8 +86,9 @@ from agentrl.errors import (
 )
 from agentrl.sandbox import limits
 from agentrl.sandbox.agent import RELAY_SOURCE
-from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
+from agentrl.sandbox.base import SIGKILL_UNPROVEN, AgentEndpoint, SandboxHandle, SandboxSpec
 from agentrl.sandbox.client import probe_health
+from agentrl.sandbox.ownership import OwnerRecord, owner_gone
 
 try:
     import docker
@@ -109,7 +110,8 @@ L_CGROUPS = "agentrl.cgroups"  # the sandbox's host cgroup directories (resource
 # its role ("commands"); on both containers, the ":"-joined volume names (their presence marks the layout)
 L_SANDBOX, L_ROLE, L_VOLUMES = "agentrl.sandbox", "agentrl.role", "agentrl.volumes"
 COMMANDS_SUFFIX = "-cmd"  # two containers: the commands' container is named <sandbox>-cmd
-AGENT_CONTAINER_CPUS, AGENT_CONTAINER_MEMORY = 0.25, 256 << 20  # two containers: the agent's own budget
+AGENT_CONTAINER_CPUS, AGENT_CONTAINER_MEMORY = 0.25, 256 << 20  # two containers: the agent's own working set
+AGENT_DIR_BYTES = 64 << 20  # the /agentrl tmpfs (agent.py bound inside, judge-python copied by root)
 CGROUP_MOUNT = "/agentrl-cgroup"  # where they appear in the container: /agentrl-cgroup/0, /1, ...
 AGENT_DIR = "/agentrl"
 AGENT_PATH = f"{AGENT_DIR}/agent.py"
@@ -135,27 +137,9 @@ STALE_DIR_S = 300.0  # a socket dir with no container is removed by sweep() only
 SEPARATIONS = ("auto", "cgroups", "containers", "off")
 
 
-def _host_id() -> str:
-    return socket.gethostname()
-
-
-def _proc_start(pid: int) -> str | None:
-    """Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat); None when there is no such pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    return text.rpartition(")")[2].split()[19]
-
-
 def _owner_dead(labels: dict[str, str], host: str) -> bool:
-    """True when the container's owner process was on this host and is gone (or its pid now names another
-    process). Owners on other hosts are never judged dead here: only their TTL removes them."""
-    if labels.get(L_HOST) != host or not labels.get(L_PID, "").isdigit():
-        return False
-    start = _proc_start(int(labels[L_PID]))
-    return start is None or start != labels.get(L_START, start)
+    """The container's owner ran on this host and is gone (ownership.owner_gone); other hosts' owners: TTL only."""
+    return owner_gone(labels.get(L_HOST), labels.get(L_PID, ""), labels.get(L_START), here=host)
 
 
 def _expired(labels: dict[str, str], now: float) -> bool:
@@ -179,9 +163,17 @@ def should_remove(labels: dict[str, str], *, now: float, host: str, run_id: str 
 DEATH_SETTLE_S = 3.0  # how long death_cause waits for dockerd to record an exit it has not seen yet
 
 
-def container_death_cause(state: dict[str, Any] | None, *, uid_separated: bool = False) -> str | None:
+def container_death_cause(state: dict[str, Any] | None, *, uid_separated: bool = False,
+                          engine_kill: bool = False) -> str | None:
     """The death cause of a container from its inspect State (None: no such container). `uid_separated`: the
-    commands run under another uid than the agent (root host), so they cannot signal it. Pure, unit-tested."""
+    commands run under another uid than the agent (root host), so they cannot signal it. `engine_kill`: the
+    engine's events show a SIGKILL sent through its API (`docker kill`, `docker stop` past its grace, `docker rm
+    -f`) and no OOM. Pure, unit-tested.
+
+    A SIGKILL exit without OOMKilled is an outside kill only with that positive record: the OOMKilled flag is the
+    runtime's report, which some runtimes never make (gVisor) and which a kill of a process other than the
+    container's main one may not set, so its absence proves nothing, and an agent the OOM killer took must never
+    read as killed from outside (an unscored dodge). Without the record: SIGKILL_UNPROVEN, charged to the policy."""
     if state is None or state.get("Status") in ("removing", "dead"):
         return "deleted"
     if state.get("Running") or state.get("Status") in ("created", "restarting", "paused"):
@@ -190,17 +182,27 @@ def container_death_cause(state: dict[str, Any] | None, *, uid_separated: bool =
     if state.get("OOMKilled") and code in (137, -9):
         return "oom"
     if code in (137, -9) and uid_separated:
-        # SIGKILL of pid 1 (docker-init) or of the agent (root in the container), and not the container's OOM
-        # killer: nothing inside can send it (pid 1 ignores signals from its own namespace; the commands run as
-        # another uid under no-new-privileges), so it came from outside: `docker kill`, the host, an admin. Without
-        # uid separation a command can SIGKILL its own agent (docker-init then exits 137): no proof, signal:9
-        return "killed:9"
+        # SIGKILL of pid 1 (docker-init) or of the agent (root in the container): nothing inside can send it (pid 1
+        # ignores signals from its own namespace; the commands run as another uid under no-new-privileges), so it
+        # came from outside through the engine (its kill event) or from the kernel's OOM killer, which the engine
+        # may not have flagged. Without uid separation a command can SIGKILL its own agent: no proof, signal:9
+        return "killed:9" if engine_kill else SIGKILL_UNPROVEN
     if code == 0 and uid_separated:
         # the agent ends with status 0 only on SIGTERM (its handler cleans up and exits 0), which docker-init passes
         # on from outside and no command can send it: `docker stop`, or dockerd stopping every container as it shuts
         # down (it still answers inspect for a moment then: the cause is seen before the engine goes away)
         return "killed:15"
     return f"signal:{code - 128}" if code > 128 else f"exited:{code}"
+
+
+def agent_container_memory(spec: SandboxSpec) -> int:
+    """The agent's container's memory limit (two containers): its own working set, AGENT_CONTAINER_MEMORY (flat:
+    files cross the agent FILE_CHUNK at a time), plus every byte of the tmpfs volumes it writes into (/agentrl, the
+    workspace and each writable dir). A tmpfs page is charged to the cgroup of the process that writes it and,
+    without swap, cannot be reclaimed: the files the agent writes for the host (an edit, a grading tree) stay on its
+    bill until removed. With room for all of them, a full volume answers ENOSPC (the policy's doing, scored) before
+    the agent's container could run out of memory, so data can never OOM-kill the agent."""
+    return AGENT_CONTAINER_MEMORY + AGENT_DIR_BYTES + spec.disk_bytes * (1 + len(spec.writable_dirs))
 
 
 def _commands_container(handle: SandboxHandle) -> str | None:
@@ -276,9 +278,8 @@ class DockerBackend:
         self._api_lock = asyncio.Lock()
         self._live: dict[str, SandboxHandle] = {}  # created by this object and not destroyed yet
         self._unremoved: set[str] = set()  # names in _live whose removal failed (dockerd down): retried later
-        self._host = _host_id()
-        self._pid = os.getpid()
-        self._pid_start = _proc_start(self._pid) or ""
+        owner = OwnerRecord.here()
+        self._host, self._pid, self._pid_start = owner.host, owner.pid, owner.start
         self._root_host = os.geteuid() == 0
         # who owns the workspace and runs commands: 1000 when separated from the (root) agent, else the host user
         self._command_user = f"{SANDBOX_UID}:{SANDBOX_UID}" if self._root_host else f"{os.geteuid()}:{os.getegid()}"
@@ -402,7 +403,8 @@ class DockerBackend:
         driver (sized like the single container's tmpfs mounts), labelled for sweep() and removed by destroy()."""
         uid, gid = self._command_user.split(":")
         owned = f"size={spec.disk_bytes},uid={uid},gid={gid},mode=0755"
-        wanted = {AGENT_DIR: "size=64m,mode=0755", WORKSPACE: owned, "/tmp": f"size={spec.disk_bytes},mode=1777",
+        wanted = {AGENT_DIR: f"size={AGENT_DIR_BYTES},mode=0755", WORKSPACE: owned,
+                  "/tmp": f"size={spec.disk_bytes},mode=1777",
                   **{d: owned for d in spec.writable_dirs}}
         labels = {L_OWNER: OWNER, L_SANDBOX: handle.id, L_RUN: handle.labels.get(L_RUN, "")}
         out: dict[str, str] = {}
@@ -501,8 +503,9 @@ class DockerBackend:
         if plan is not None:
             resources, extra_binds, agent_args = self._separated_config(plan)
         elif volumes is not None:
-            resources = {"nano_cpus": int(AGENT_CONTAINER_CPUS * 1e9), "mem_limit": AGENT_CONTAINER_MEMORY,
-                         "memswap_limit": AGENT_CONTAINER_MEMORY, "pids_limit": limits.AGENT_PIDS,
+            memory = agent_container_memory(spec)
+            resources = {"nano_cpus": int(AGENT_CONTAINER_CPUS * 1e9), "mem_limit": memory,
+                         "memswap_limit": memory, "pids_limit": limits.AGENT_PIDS,
                          "ipc_mode": "shareable"}  # the commands' container joins it: one SysV namespace to clean
             extra_binds = {vol: {"bind": path, "mode": "rw"} for path, vol in volumes.items()}
             agent_args = ["--relay", _relay_name(handle.id)]
@@ -512,7 +515,7 @@ class DockerBackend:
             extra_binds, agent_args = {}, []
         tmpfs = {} if volumes is not None else {
             WORKSPACE: tmpfs_opts, "/tmp": f"size={spec.disk_bytes},mode=1777,exec",
-            AGENT_DIR: "size=64m,mode=0755,exec",  # root's: agent.py is bound inside, judge-python copied
+            AGENT_DIR: f"size={AGENT_DIR_BYTES},mode=0755,exec",  # root's: agent.py bound inside, judge-python copied
             **{d: tmpfs_opts for d in spec.writable_dirs}}  # e.g. /repo: owned by the command user
         host_config = api.create_host_config(
             binds={str(self._agent_file): {"bind": AGENT_PATH, "mode": "ro"},
@@ -596,9 +599,11 @@ class DockerBackend:
 
     async def death_cause(self, handle: SandboxHandle) -> str | None:
         """From docker inspect: "deleted" (no such container, or being removed), "oom" (the kernel OOM-killed the
-        container's agent: OOMKilled with a SIGKILL exit), "killed:9" (a SIGKILL from outside: `docker kill`, the
-        host), "killed:15" (uid-separated: the agent ended on SIGTERM, `docker stop` or dockerd shutting down),
-        "signal:<n>" (exit code 128+n, as docker-init reports a signalled agent), "exited:<code>",
+        container's agent: OOMKilled with a SIGKILL exit), "killed:9" (uid-separated: a SIGKILL sent through the
+        engine, `docker kill`, as its kill event records, and no OOM event), SIGKILL_UNPROVEN (uid-separated: a
+        SIGKILL exit with neither record: the OOM killer unflagged, or a kill on the host), "killed:15"
+        (uid-separated: the agent ended on SIGTERM, `docker stop` or dockerd shutting down), "signal:<n>" (exit code
+        128+n, as docker-init reports a signalled agent), "exited:<code>",
         "engine_lost" (dockerd refuses or drops the connection: it stopped or is restarting); None while it still
         runs after DEATH_SETTLE_S, or when dockerd answers with an error."""
         deadline = time.monotonic() + DEATH_SETTLE_S
@@ -614,9 +619,31 @@ class DockerBackend:
                 log.warning("docker inspect %s failed: %s", handle.id, e)
                 return None
             cause = container_death_cause(state, uid_separated=self._root_host)
+            if cause == SIGKILL_UNPROVEN:
+                cause = container_death_cause(state, uid_separated=True, engine_kill=await self._engine_kill(handle))
             if cause is not None or time.monotonic() >= deadline:
                 return cause
             await asyncio.sleep(0.1)
+
+    async def _engine_kill(self, handle: SandboxHandle) -> bool:
+        """The engine's events since the container was created show a SIGKILL sent to it through the API and no OOM
+        of it: the positive record that its SIGKILL came from outside. False when they do not, or cannot be read
+        (the engine keeps a bounded backlog of events: a record gone from it proves nothing either)."""
+        since = int(float(handle.labels.get(L_CREATED, "0"))) - 1
+        until = f"{time.time():.9f}"
+        filters = {"container": handle.id, "type": "container", "event": ["kill", "oom"]}
+        try:
+            api = await self.api()
+            events = await self._call(lambda: list(api.events(since=since, until=until, filters=filters,
+                                                              decode=True)))
+        except (docker.errors.DockerException, requests.RequestException, OSError) as e:
+            log.warning("docker events %s failed: %s", handle.id, e)
+            return False
+        actions = [(e.get("Action") or e.get("status"), (e.get("Actor") or {}).get("Attributes") or {}) for e in events]
+        if any(action == "oom" for action, _ in actions):
+            return False
+        return any(action == "kill" and str(attrs.get("signal")).upper() in ("9", "SIGKILL", "KILL")
+                   for action, attrs in actions)
 
     async def oom_kills(self, handle: SandboxHandle) -> int:
         """How many times the kernel's OOM killer fired in this container's cgroup since it was created (Docker

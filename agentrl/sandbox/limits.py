@@ -282,7 +282,13 @@ def _tree(cgroup: str) -> list[str]:
 def oom_kills(cgroups: tuple[str, ...] | list[str]) -> int:
     """How many processes the kernel OOM-killed in these cgroups (cgroup v2 memory.events oom_kill; cgroup v1
     memory.oom_control oom_kill, kernels >= 4.13). 0 when unknown."""
-    total = 0
+    return oom_kills_known(cgroups) or 0
+
+
+def oom_kills_known(cgroups: tuple[str, ...] | list[str]) -> int | None:
+    """oom_kills, or None when no cgroup reports the counter (no memory controller, a kernel before 4.13, a cgroup
+    already gone): then nothing says whether the OOM killer fired, and a SIGKILL proves nothing."""
+    total, known = 0, False
     for cg in cgroups:
         for name in ("memory.events", "memory.oom_control"):
             try:
@@ -293,7 +299,8 @@ def oom_kills(cgroups: tuple[str, ...] | list[str]) -> int:
                 key, _, value = line.partition(" ")
                 if key == "oom_kill" and value.strip().isdigit():
                     total += int(value)
-    return total
+                    known = True
+    return total if known else None
 
 
 def kill_cgroups(cgroups: tuple[str, ...] | list[str], *, deadline_s: float = 5.0) -> None:

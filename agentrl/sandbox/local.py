@@ -46,7 +46,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -59,7 +58,9 @@ from pathlib import Path
 from agentrl.errors import ConfigError, MissingDependencyError, SandboxStartError
 from agentrl.sandbox import limits
 from agentrl.sandbox.agent import READY_LINE
-from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
+from agentrl.sandbox.base import SIGKILL_UNPROVEN, AgentEndpoint, SandboxHandle, SandboxSpec
+from agentrl.sandbox.ownership import alive as process_alive
+from agentrl.sandbox.ownership import host_id, owner_gone, process_start
 
 log = logging.getLogger("agentrl.sandbox")
 
@@ -98,19 +99,6 @@ def default_state_root() -> Path:
     if runtime and os.path.isdir(runtime):
         return Path(runtime, "agentrl-sandboxes")
     return Path(tempfile.gettempdir(), f"agentrl-sandboxes-{os.geteuid()}")
-
-
-def process_start(pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot (guards against pid reuse); None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def _alive(pid: int | None, start: int | None) -> bool:
-    return pid is not None and process_start(pid) == start
 
 
 class LocalBackend:
@@ -245,7 +233,7 @@ class LocalBackend:
                                      f"{WORKSPACE}:/bin/sh\nnobody:x:65534:65534:nobody:/:/usr/sbin/nologin\n")
         (path / "group").write_text(f"root:x:0:\nagent:x:{SANDBOX_UID}:\nnogroup:x:65534:\n")
         state = {"id": sid, "backend": self.name, "owner_pid": os.getpid(), "owner_start": process_start(os.getpid()),
-                 "owner_host": socket.gethostname(), "run_id": labels.get("agentrl/run-id"), "labels": labels,
+                 "owner_host": host_id(), "run_id": labels.get("agentrl/run-id"), "labels": labels,
                  "created_at": time.time(), "ttl_s": spec.ttl_s, "pid": None, "pid_start": None,
                  "cgroups": [], "unsafe": self.unsafe}
         self._write_state(path, state)  # before any process exists, so a crash from here on is sweepable
@@ -462,7 +450,7 @@ class LocalBackend:
         except (OSError, ValueError):
             state = {}
         pid, start = state.get("pid"), state.get("pid_start")
-        if _alive(pid, start):
+        if process_alive(pid, start):
             try:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -474,7 +462,7 @@ class LocalBackend:
         if live is not None:
             return live.proc.returncode is None
         state = await asyncio.to_thread(self._read_state, self.state_root / handle.id)
-        return state is not None and _alive(state.get("pid"), state.get("pid_start"))
+        return state is not None and process_alive(state.get("pid"), state.get("pid_start"))
 
     async def death_cause(self, handle: SandboxHandle) -> str | None:
         """Why the sandbox is gone, as far as this host can prove: "deleted" (its state dir was removed from outside,
@@ -499,19 +487,29 @@ class LocalBackend:
         if code < 0:  # bubblewrap itself was signalled: it is a host process outside the sandbox's pid namespace, no
             # command can see or signal it, so this came from outside (host, admin, OOM) -- unless it shares the
             # commands' memory cgroup and that cgroup's OOM killer took it: then the commands' memory did it
-            if code == -signal.SIGKILL and not plan.separated and await self._oom_killed(plan.cgroups):
-                return "oom"
+            if code == -signal.SIGKILL and not plan.separated:
+                kills = await self._oom_kills(plan.cgroups)
+                if kills is None and plan.cgroups:
+                    return SIGKILL_UNPROVEN  # the cgroup's counter is unreadable: it may have been the OOM killer
+                if kills:
+                    return "oom"
             return f"killed:{-code}"
         signum = code - 128 if code > 128 else None  # bwrap reports its child's death by signal n as 128 + n
-        if signum == signal.SIGKILL and plan.separated and await self._oom_killed(plan.launch_cgroups):
-            return "killed:oom"  # the OOM killer took the agent in its own cgroup: host memory, not the commands'
-        if signum == signal.SIGKILL and not plan.separated and await self._oom_killed(plan.cgroups):
-            return "oom"
+        if signum == signal.SIGKILL:
+            # a SIGKILL is from outside only when the kernel's counter of the cgroup the agent lives in says the OOM
+            # killer did not fire; an unreadable counter proves nothing (SIGKILL_UNPROVEN: the policy's)
+            kills = await self._oom_kills(plan.launch_cgroups if plan.separated else plan.cgroups)
+            if kills and plan.separated:
+                return "killed:oom"  # the OOM killer took the agent in its own cgroup: host memory, not the commands'
+            if kills:
+                return "oom"
+            if kills is None and plan.cgroups:
+                return SIGKILL_UNPROVEN
         return f"signal:{signum}" if signum is not None else f"exited:{code}"
 
     @staticmethod
-    async def _oom_killed(cgroups: Sequence[str]) -> bool:
-        return await asyncio.to_thread(limits.oom_kills, cgroups) > 0
+    async def _oom_kills(cgroups: Sequence[str]) -> int | None:
+        return await asyncio.to_thread(limits.oom_kills_known, cgroups)
 
     @staticmethod
     def _read_state(path: Path) -> dict | None:
@@ -559,9 +557,8 @@ class LocalBackend:
     def _orphaned(state: dict, now: float) -> bool:
         if now > state.get("created_at", 0) + state.get("ttl_s", 0):
             return True
-        if state.get("owner_host") != socket.gethostname():
-            return False  # a state root shared across hosts: only TTL applies to another host's sandboxes
-        return not _alive(state.get("owner_pid"), state.get("owner_start"))
+        # a state root shared across hosts: only the TTL applies to another host's sandboxes
+        return owner_gone(state.get("owner_host"), state.get("owner_pid"), state.get("owner_start"))
 
     async def close(self) -> None:
         """Destroy every sandbox this backend started and has not destroyed yet."""

@@ -22,7 +22,6 @@ from local_sandbox_support import root_bwrap_problem, state_dir  # noqa: F401 (a
 from agentrl.errors import SandboxDiedError, SandboxError
 from agentrl.runner.attribution import Stage, classify
 from agentrl.sandbox import SandboxFileError, SandboxPathError, SandboxPool, SandboxSpec
-from agentrl.sandbox.agent import MAX_READ
 from agentrl.sandbox.local import LocalBackend
 from agentrl.testing import sandbox_attacks
 
@@ -97,6 +96,9 @@ async def test_files_written_by_the_host_belong_to_the_sandbox_user(pool: Sandbo
 # ---------------------------------------------------------------- /read of what the policy planted
 
 
+PLANTED_LIMIT = 64 << 20  # the reader's limit here (a sandbox's file size limit is its disk, 256 MiB by default)
+
+
 @pytest.mark.parametrize("plant, error", [
     ("mkdir solution.py", SandboxFileError),
     ("mkfifo solution.py", SandboxFileError),
@@ -104,7 +106,7 @@ async def test_files_written_by_the_host_belong_to_the_sandbox_user(pool: Sandbo
     ("ln -s /etc/passwd solution.py", SandboxPathError),
     ("ln -s /.agentrl/run/agent.sock solution.py", SandboxPathError),
     ("echo x > solution.py && chmod 000 solution.py", SandboxPathError),
-    (f"truncate -s {MAX_READ + 1} solution.py", SandboxFileError),
+    (f"truncate -s {PLANTED_LIMIT + 1} solution.py", SandboxFileError),
 ])
 async def test_reading_a_planted_solution_file_is_a_policy_error_not_infra(pool: SandboxPool, plant: str,
                                                                            error: type) -> None:
@@ -112,7 +114,7 @@ async def test_reading_a_planted_solution_file_is_a_policy_error_not_infra(pool:
         assert (await sb.exec(plant)).exit_code == 0
         async with asyncio.timeout(10):  # never a hang
             with pytest.raises(error) as info:
-                await sb.read_file("solution.py")
+                await sb.read_file("solution.py", limit=PLANTED_LIMIT)
         assert not isinstance(info.value, SandboxDiedError)
         await sandbox_attacks.still_serves(sb)
 

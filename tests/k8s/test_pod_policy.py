@@ -223,7 +223,7 @@ def test_label_values_are_sanitised() -> None:
     ({"metadata": {}, "status": {"phase": "Failed", "containerStatuses": [{"name": "sandbox", "state": {
         "terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}}, "oom"),
     ({"metadata": {}, "status": {"phase": "Failed", "containerStatuses": [{"name": "sandbox", "state": {
-        "terminated": {"reason": "Error", "exitCode": 137}}}]}}, "signal:9"),
+        "terminated": {"reason": "Error", "exitCode": 137}}}]}}, "sigkill_unproven"),  # no OOMKilled: no proof
     ({"metadata": {}, "status": {"phase": "Succeeded", "containerStatuses": [{"name": "sandbox", "state": {
         "terminated": {"reason": "Completed", "exitCode": 0}}}]}}, "exited:0"),
     # two containers: the agent's decides; the commands' container ending (OOM) is no death of the sandbox
@@ -232,7 +232,10 @@ def test_label_values_are_sanitised() -> None:
         {"name": "sandbox", "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}}, None),
     ({"metadata": {}, "status": {"phase": "Running", "containerStatuses": [
         {"name": "agentrl-agent", "state": {"terminated": {"reason": "Error", "exitCode": 137}}},
-        {"name": "sandbox", "state": {"running": {}}}]}}, "signal:9"),
+        {"name": "sandbox", "state": {"running": {}}}]}}, "sigkill_unproven"),
+    ({"metadata": {}, "status": {"phase": "Running", "containerStatuses": [
+        {"name": "agentrl-agent", "state": {"terminated": {"reason": "Error", "exitCode": 143}}},
+        {"name": "sandbox", "state": {"running": {}}}]}}, "signal:15"),
 ])
 def test_pod_death_cause(pod: dict | None, cause: str | None) -> None:
     from agentrl.sandbox.kubernetes.pods import death_cause

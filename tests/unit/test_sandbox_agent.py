@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -451,16 +452,118 @@ def _hwm_kib(pid: int) -> int:
                     if line.startswith("VmHWM:")).split()[1])
 
 
-async def test_reading_a_large_file_costs_the_agent_about_its_size(sb: Sandbox, agent_proc) -> None:
-    """A policy-planted file just under the read cap must not cost the agent several times its size (the old /read
-    held the bytes, their base64, the JSON text and the encoded answer at once: an OOM kill of the agent, infra)."""
-    size = 40 * 1024 * 1024
-    assert (await sb.exec(f"head -c {size} /dev/urandom > big.bin", timeout=60)).exit_code == 0
+async def test_a_100_mb_round_trip_leaves_the_agents_peak_memory_flat(sb: Sandbox, agent_proc) -> None:
+    """The agent carries files in FILE_CHUNK pieces, so its peak memory does not depend on their size: a 100 MB
+    write and read back (byte-exact) raise its VmHWM by far less than the file. (The old JSON /write held the
+    base64 body and the decoded bytes, the old /read the whole file: over 200 MB of peak for this round trip; an
+    agent in a 256 MiB container of its own died of it.)"""
+    size = 100 * 1024 * 1024
+    blob = os.urandom(1 << 20) * 100
     before = _hwm_kib(agent_proc[0].pid)
+    await sb.write_file("big.bin", blob)
+    assert (agent_proc[2] / "big.bin").stat().st_size == size
     data = await sb.read_bytes("big.bin")
-    assert len(data) == size and data == (agent_proc[2] / "big.bin").read_bytes()
+    assert len(data) == size and data == blob
     grew = (_hwm_kib(agent_proc[0].pid) - before) * 1024
-    assert grew < 1.5 * size, f"the agent's peak memory grew by {grew / size:.1f}x the file's size"
+    assert grew < 16 * 1024 * 1024, f"the agent's peak memory grew by {grew / 2**20:.0f} MiB for a 100 MB file"
+
+
+async def test_a_refused_big_write_keeps_the_connection_in_step(sb: Sandbox, agent_proc) -> None:
+    """A write refused after its body started (a path outside the workspace, 3 MiB of body already on the way) is
+    answered once the rest of the body was read and dropped: the same keep-alive connection serves the next request,
+    and empty and odd-sized files round-trip exactly."""
+    with pytest.raises(SandboxPathError):
+        await sb.write_file("../outside.bin", os.urandom(3 << 20) + b"tail")
+    assert len(sb.client._idle) == 1  # the connection was kept, not dropped
+    assert (await sb.exec("echo alive")).stdout == "alive\n"
+    for n in (0, 1, (1 << 20) - 1, (1 << 20) + 1):
+        blob = os.urandom(n)
+        await sb.write_file(f"odd{n}.bin", blob, mode=0o600)
+        assert await sb.read_bytes(f"odd{n}.bin") == blob
+        assert (agent_proc[2] / f"odd{n}.bin").stat().st_mode & 0o777 == 0o600
+
+
+async def test_an_agent_without_the_file_routes_is_a_version_error_not_a_missing_file(tmp_path: Path) -> None:
+    """An agent of protocol version 1 (JSON /write and /read) answers GET /file with 404 "no route": the client
+    says the agent speaks another version (SandboxError), never "no such file" (which would read as the policy's)."""
+    async def old_agent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next((ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")),
+                          b"0"))
+        await reader.readexactly(length)
+        body = b'{"error": "no route GET /file?path=x&max=1"}'
+        writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\n\r\n" + body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_unix_server(old_agent, str(tmp_path / "old.sock"))
+    async with server:
+        sb = Sandbox(SandboxHandle(id="t", backend="test",
+                                   endpoint=AgentEndpoint(kind="unix", address=str(tmp_path / "old.sock"))),
+                     SandboxSpec())
+        with pytest.raises(SandboxError, match="another version"):
+            await sb.read_bytes("x")
+        await sb.close()
+
+
+def _sent(body: "agent_mod.FileBody") -> bytes:
+    """What FileBody.send puts on a connection (read by a thread while it sends)."""
+    a, b = socket.socketpair()
+    got = bytearray()
+
+    def pump() -> None:
+        while data := b.recv(1 << 20):
+            got.extend(data)
+
+    reader = threading.Thread(target=pump)
+    reader.start()
+    with a, b:
+        body.send(a, b"")
+        a.shutdown(socket.SHUT_WR)
+        reader.join(30)
+    return bytes(got)
+
+
+@pytest.mark.parametrize("change", ["shrinks", "grows", "stays"])
+def test_a_file_that_changes_size_while_read_is_never_a_short_file(tmp_path: Path, change: str) -> None:
+    """GET /file's length is fixed by fstat once the file is open; a file that shrinks or grows before its bytes
+    are all sent still gets exactly its announced length, ending with the "changed" status byte (zero-padded when
+    it shrank): the host never waits for missing bytes, and never takes a short file for the whole one."""
+    path = tmp_path / "moving.bin"
+    path.write_bytes(b"x" * (3 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    body = agent_mod.FileBody(fd, os.fstat(fd).st_size)
+    if change == "shrinks":
+        os.truncate(path, 1000)
+    elif change == "grows":
+        with path.open("ab") as f:
+            f.write(b"more")
+    out = _sent(body)
+    assert len(out) == (3 << 20) + 1 and body.fd == -1
+    assert out[-1:] == (b"." if change == "stays" else b"!")
+    if change == "shrinks":
+        assert out[:1000] == b"x" * 1000 and out[1000:-1] == bytes(len(out) - 1001)
+
+
+async def test_the_client_refuses_a_file_marked_changed(tmp_path: Path) -> None:
+    """The host side of the rule above: an answer ending in the "changed" byte is a file error (the policy's
+    doing: only its processes change files in the workspace), never bytes handed to the caller."""
+    async def changed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 4\r\n\r\nab\0!")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_unix_server(changed, str(tmp_path / "s.sock"))
+    async with server:
+        sb = Sandbox(SandboxHandle(id="t", backend="test",
+                                   endpoint=AgentEndpoint(kind="unix", address=str(tmp_path / "s.sock"))),
+                     SandboxSpec())
+        with pytest.raises(SandboxFileError) as info:
+            await sb.read_bytes("x")
+        assert info.value.kind == "changed_while_read"
+        await sb.close()
 
 
 # ---------------------------------------------------------------- connections (issue 22)

@@ -129,6 +129,11 @@ class _Exited:
     (True, -9, "commands", "killed:9"),  # separated: the commands' OOM kills cannot have been bubblewrap
     (True, 128 + 9, "agent", "killed:oom"),  # the OOM killer took the agent in its own cgroup: not the commands'
     (True, 128 + 9, "commands", "signal:9"),  # the commands' OOM kills say nothing about the agent's SIGKILL
+    # no readable OOM counter where the agent lives: a SIGKILL proves nothing (never an outside cause by default)
+    (True, 128 + 9, "unknown", "sigkill_unproven"),
+    (False, 128 + 9, "unknown", "sigkill_unproven"),
+    (False, -9, "unknown", "sigkill_unproven"),
+    (True, -9, "unknown", "killed:9"),  # separated: bubblewrap is not in the commands' cgroup, their memory cannot
 ])
 async def test_death_cause_tells_whose_memory_ran_out(tmp_path: Path, monkeypatch, separated: bool, code: int,
                                                       oom_in: str | None, cause: str) -> None:
@@ -140,7 +145,8 @@ async def test_death_cause_tells_whose_memory_ran_out(tmp_path: Path, monkeypatc
     top = "/cg/memory/agentrl/sb"
     plan = limits.LimitPlan("cgroup1", (top,), separated=separated)
     backend._live["sb"] = _Live(_Exited(code), tmp_path / "sb", plan)  # type: ignore[arg-type]
-    where = {"sandbox": top, "agent": f"{top}/agent", "commands": f"{top}/commands", None: ""}[oom_in]
-    monkeypatch.setattr(limits, "oom_kills", lambda cgroups: int(where in cgroups))
+    where = {"sandbox": top, "agent": f"{top}/agent", "commands": f"{top}/commands", None: "", "unknown": ""}[oom_in]
+    monkeypatch.setattr(limits, "oom_kills_known",
+                        lambda cgroups: None if oom_in == "unknown" else int(where in cgroups))
     handle = SandboxHandle(id="sb", backend="local", endpoint=AgentEndpoint(kind="unix", address="x"))
     assert await backend.death_cause(handle) == cause

@@ -63,7 +63,8 @@ from typing import Any
 
 from agentrl.errors import ConfigError
 from agentrl.sandbox.agent import RELAY_SOURCE
-from agentrl.sandbox.base import SandboxSpec
+from agentrl.sandbox.base import SIGKILL_UNPROVEN, SandboxSpec
+from agentrl.sandbox.ownership import OwnerRecord, owner_gone
 
 Obj = dict[str, Any]
 
@@ -148,14 +149,6 @@ def parse_time(text: str | None) -> float | None:
 # ------------------------------------------------------------------ who owns a pod
 
 
-def _proc_start(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().decode("ascii", "replace").rpartition(")")[2].split()[19]
-    except OSError:
-        return None
-
-
 @dataclass(frozen=True)
 class Owner:
     """The process that owns claimed pods: a random session id, its host/pid/start time, and (in-cluster, from the
@@ -176,7 +169,7 @@ class Owner:
         pid = os.getpid()
         name, namespace, uid = (os.environ.get(k) or None for k in ("POD_NAME", "POD_NAMESPACE", "POD_UID"))
         host = f"pod:{namespace or ''}/{name}" if name and uid else socket.gethostname()
-        return cls(session=session, host=host, pid=pid, pid_start=_proc_start(pid) or "",
+        return cls(session=session, host=host, pid=pid, pid_start=OwnerRecord.here().start,
                    pod_name=name, pod_namespace=namespace, pod_uid=uid)
 
     def labels(self) -> dict[str, str]:
@@ -455,7 +448,8 @@ def death_reason(pod: Obj | None, deleted: bool) -> str | None:
 def death_cause(pod: Obj | None) -> str | None:
     """The provable cause of a sandbox pod's death, for failure attribution: "deleted" (no such pod, or being
     deleted), "evicted", "deadline" (activeDeadlineSeconds, the TTL), "oom" (the kernel OOM-killed the agent's
-    container), "signal:<n>" / "exited:<code>" (how the agent ended); None while it runs or when unknown. The
+    container), SIGKILL_UNPROVEN (SIGKILL without OOMKilled), "signal:<n>" / "exited:<code>" (how the agent ended);
+    None while it runs or when unknown. The
     sandbox container's end is not a death: the agent still answers, and the commands fail as the policy's."""
     if pod is None or pod.get("metadata", {}).get("deletionTimestamp"):
         return "deleted"
@@ -470,10 +464,14 @@ def death_cause(pod: Obj | None) -> str | None:
         return None
     if term.get("reason") == "OOMKilled":
         return "oom"
-    if term.get("signal"):
-        return f"signal:{term['signal']}"
     code = int(term.get("exitCode") or 0)
-    return f"signal:{code - 128}" if code > 128 else f"exited:{code}"
+    signum = int(term.get("signal") or (code - 128 if code > 128 else 0))
+    if signum == 9:
+        # the kubelet's OOMKilled is the runtime's report, which some runtimes never make (gVisor): its absence does
+        # not prove that the OOM killer spared the agent, and the kubelet's own kills (deletion, eviction, the
+        # deadline) are told above; no record here proves an outside SIGKILL, so it is not one
+        return SIGKILL_UNPROVEN
+    return f"signal:{signum}" if signum else f"exited:{code}"
 
 
 def started_at(pod: Obj) -> float | None:
@@ -493,12 +491,9 @@ def expired(pod: Obj, now: float) -> bool:
 
 
 def owner_process_dead(meta: Obj, host: str) -> bool:
-    """The owner process ran on this host and is gone (or its pid now names another process)."""
+    """The owner process ran on this host and is gone, or its pid now names another process (ownership.owner_gone)."""
     ann = meta.get("annotations") or {}
-    if ann.get(A_HOST) != host or not ann.get(A_PID, "").isdigit():
-        return False
-    start = _proc_start(int(ann[A_PID]))
-    return start is None or start != (ann.get(A_START) or start)
+    return owner_gone(ann.get(A_HOST), ann.get(A_PID, ""), ann.get(A_START), here=host)
 
 
 def should_remove(pod: Obj, *, now: float, host: str, live_owner_uids: set[str] | None, run_id: str | None,

@@ -12,8 +12,15 @@ from pathlib import Path
 from agentrl.errors import ConfigError
 from agentrl_repo_fix import images
 from agentrl_repo_fix.build import build
-from agentrl_repo_fix.lockfile import (DEFAULT_LOCKFILE, Lockfile, Package, default_cache_dir, ensure_venv, fetch_sdist,
-                                      load_lockfile)
+from agentrl_repo_fix.lockfile import (
+    DEFAULT_LOCKFILE,
+    Lockfile,
+    Package,
+    default_cache_dir,
+    ensure_venv,
+    fetch_sdist,
+    load_lockfile,
+)
 
 DEFAULT_TASKS = Path(__file__).with_name("data") / "tasks.jsonl"
 

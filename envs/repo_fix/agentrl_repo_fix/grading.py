@@ -42,8 +42,17 @@ from agentrl.sandbox.client import Sandbox, SandboxFileError, SandboxPathError
 from agentrl.types import IntegritySignal, TestOutcome, TestReport
 from agentrl_repo_fix import judge, trees
 from agentrl_repo_fix.config import REPO
-from agentrl_repo_fix.testrun import (PLUGIN_SOURCE, TRACE_SOURCE, ChannelResult, GradingPaths, grader_ini,
-                                      plugin_input, pytest_argv, read_channel, suite_env)
+from agentrl_repo_fix.testrun import (
+    PLUGIN_SOURCE,
+    TRACE_SOURCE,
+    ChannelResult,
+    GradingPaths,
+    grader_ini,
+    plugin_input,
+    pytest_argv,
+    read_channel,
+    suite_env,
+)
 
 CONFIG_FILES = {"conftest.py", "sitecustomize.py", "usercustomize.py", "setup.py", "setup.cfg", "pyproject.toml",
                 "tox.ini", "pytest.ini", "noxfile.py", ".coveragerc", "MANIFEST.in", "requirements.txt"}

@@ -181,7 +181,7 @@ def read_channel(stdout: str, key: bytes, tests: list[str], *, exit_code: int | 
     if not records or records[0][0] != "S":  # nothing of the repository can run before the plugin's first line
         return ChannelResult({}, {}, tampered, started=False)
     ended = None
-    for n, rec in enumerate(records[1:], 1):
+    for rec in records[1:]:
         kind = rec[0]
         if ended is not None:
             tampered.append(f"the verdict channel has a record after the grader's end line: {rec[:2]}")

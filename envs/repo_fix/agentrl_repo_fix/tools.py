@@ -8,7 +8,9 @@ sandbox's shell pid, see shell.py):
                         note, when it cannot be stopped otherwise)
     str_replace_editor  view (numbered lines, ranges; directories list two levels) / create / str_replace
                         (exactly one match, else how many and on which lines) / insert / undo_edit (a per-file stack
-                        in STATE_DIR/undo.json)
+                        of at most UNDO_DEPTH copies kept on the sandbox's disk, UNDO_DIR, made and restored by `cp`
+                        in the sandbox: no copy passes through the agent or the host; STATE_DIR/undo.json holds
+                        only their names)
     submit              ends the episode
 
 Task-level failures (bad arguments, missing files, a path outside the workspace) are ToolResults with `error`.
@@ -16,8 +18,9 @@ Task-level failures (bad arguments, missing files, a path outside the workspace)
 
 from __future__ import annotations
 
-import base64
 import json
+import re
+import secrets
 import time
 from typing import Any
 
@@ -26,9 +29,12 @@ from agentrl.types import ToolCall, ToolResult
 from agentrl_repo_fix.config import REPO, STATE_DIR
 from agentrl_repo_fix.shell import ShellSessions
 
-UNDO_FILE = f"{STATE_DIR}/undo.json"
+UNDO_FILE = f"{STATE_DIR}/undo.json"  # {path: [copy name or None (the file did not exist)]}, oldest first
+UNDO_DIR = f"{STATE_DIR}/undo"  # the copies themselves
 UNDO_DEPTH = 10
+UNDO_NAME = re.compile(r"[0-9a-f]{16}")  # a copy's name as _push_undo makes it (anything else in undo.json: ignored)
 VIEW_MAX_LINES = 400
+EDIT_MAX_BYTES = 64 * 1024 * 1024  # a file the editor reads (its text is held on the host a few times over)
 
 def cap(text: str, limit: int) -> str:
     """`text` with its middle cut when longer than `limit` (head and tail kept: errors are usually at the end)."""
@@ -93,7 +99,7 @@ class _EditorError(Exception):
 
 
 async def _read(sandbox: Sandbox, path: str) -> str:
-    return (await sandbox.read_bytes(path)).decode("utf-8", "replace")
+    return (await sandbox.read_bytes(path, limit=EDIT_MAX_BYTES)).decode("utf-8", "replace")
 
 
 async def _is_dir(sandbox: Sandbox, path: str) -> bool:
@@ -150,7 +156,7 @@ async def _str_replace(sandbox: Sandbox, path: str, args: dict[str, Any]) -> str
         raise _EditorError(f"old_str occurs {count} times in {path}" + (f" (starting on lines {where})" if where
                            else "; check whitespace and indentation, or view the file first")
                            + ("; add surrounding lines to make it unique" if count > 1 else ""))
-    await _push_undo(sandbox, path, text)
+    await _push_undo(sandbox, path)
     updated = text.replace(old, new, 1)
     await sandbox.write_file(path, updated)
     first = text[:text.index(old)].count("\n") + 1
@@ -177,7 +183,7 @@ async def _insert(sandbox: Sandbox, path: str, args: dict[str, Any]) -> str:
     lines = text.splitlines(keepends=True)
     if not isinstance(line, int) or not 0 <= line <= len(lines):
         raise _EditorError(f"insert_line must be an integer in 0..{len(lines)} (the line to insert after)")
-    await _push_undo(sandbox, path, text)
+    await _push_undo(sandbox, path)
     block = new if new.endswith("\n") else new + "\n"
     if line and not lines[line - 1].endswith("\n"):
         lines[line - 1] += "\n"
@@ -195,36 +201,51 @@ async def _undo(sandbox: Sandbox, path: str, args: dict[str, Any]) -> str:
     if previous is None:
         await sandbox.exec(["rm", "-f", "--", path], timeout=10)
         message = f"undid the creation of {path} (removed)"
-    else:
-        await sandbox.write_file(path, base64.b64decode(previous))
+    else:  # in place (cp opens the file with O_TRUNC): its inode, mode and links stay what they are
+        res = await sandbox.exec(["cp", "--", f"{UNDO_DIR}/{previous}", path], timeout=UNDO_TIMEOUT_S)
+        if res.exit_code != 0:
+            raise _EditorError(f"could not restore {path}: {(res.stderr or res.stdout).strip()[-300:]}")
+        await sandbox.exec(["rm", "-f", "--", f"{UNDO_DIR}/{previous}"], timeout=10)
         message = f"restored {path} to before its last edit"
     await sandbox.write_file(UNDO_FILE, json.dumps(stacks))
     return message
 
 
 async def _load_undo(sandbox: Sandbox) -> dict[str, list[str | None]]:
+    """The stacks of copy names from UNDO_FILE ({} when missing or unreadable; entries that are not names
+    _push_undo makes are dropped: the file is in the workspace, where the policy may write)."""
     try:
-        data = json.loads(await sandbox.read_bytes(UNDO_FILE))
+        data = json.loads(await sandbox.read_bytes(UNDO_FILE, limit=1 << 20))
     except (FileNotFoundError, ValueError, SandboxFileError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    return {path: [e for e in stack if e is None or (isinstance(e, str) and UNDO_NAME.fullmatch(e))]
+            for path, stack in data.items() if isinstance(path, str) and isinstance(stack, list)}
 
 
-async def _push_undo(sandbox: Sandbox, path: str, current: str | None = None) -> None:
-    """Remember `path`'s content before an edit (None: it did not exist)."""
-    if current is None:
-        try:
-            raw: bytes | None = await sandbox.read_bytes(path)
-        except FileNotFoundError:
-            raw = None
-    else:
-        raw = current.encode()
+# Copy $1 (the file before an edit) to $2 in the sandbox; print "absent" when $1 does not exist.
+_KEEP = 'mkdir -p -- "$3" && if [ -e "$1" ] || [ -L "$1" ]; then exec cp -- "$1" "$2"; else echo absent; fi'
+UNDO_TIMEOUT_S = 120
+
+
+async def _push_undo(sandbox: Sandbox, path: str) -> None:
+    """Remember `path`'s content before an edit: a copy made by `cp` on the sandbox's disk (None on the stack: the
+    file did not exist). The oldest copies beyond UNDO_DEPTH are removed."""
+    name = secrets.token_hex(8)
+    res = await sandbox.exec(["sh", "-c", _KEEP, "sh", path, f"{UNDO_DIR}/{name}", UNDO_DIR],
+                             timeout=UNDO_TIMEOUT_S)
+    if res.exit_code != 0:
+        raise _EditorError(f"could not keep a copy of {path} for undo_edit: "
+                           f"{(res.stderr or res.stdout).strip()[-300:]}")
     stacks = await _load_undo(sandbox)
     stack = stacks.setdefault(path, [])
-    stack.append(None if raw is None else base64.b64encode(raw).decode("ascii"))
+    stack.append(None if res.stdout.strip() == "absent" else name)
+    dropped = [e for e in stack[:-UNDO_DEPTH] if e is not None]
     del stack[:-UNDO_DEPTH]
-    await sandbox.exec(["mkdir", "-p", STATE_DIR], timeout=10)
     await sandbox.write_file(UNDO_FILE, json.dumps(stacks))
+    if dropped:
+        await sandbox.exec(["rm", "-f", "--", *(f"{UNDO_DIR}/{e}" for e in dropped)], timeout=10)
 
 
 _EDITOR = {"view": _view, "create": _create, "str_replace": _str_replace, "insert": _insert, "undo_edit": _undo}
