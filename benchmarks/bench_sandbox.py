@@ -10,7 +10,10 @@ bare host process spawn. Prints a markdown table (see BENCHMARKS.md for recorded
         # --shared: agent and commands in one CPU budget (as in a Kubernetes pod), not resource-separated
     python benchmarks/bench_sandbox.py --seccomp 300 [--cpus 1]
         # local: exec round trips with the syscall policy on (this tree's agent) and off (the same agent with
-        # SECCOMP_POLICY = "off"), alternating: ['true'] and ['python3', '-c', 'pass'] (~500 syscalls)
+        # SECCOMP_POLICY = "off"), alternating: ['true'], ['python3', '-c', 'pass'] (~500 syscalls) and a python
+        # that signals itself 1000 times (each signal a round trip to the agent where signals are watched)
+    python benchmarks/bench_sandbox.py --seccomp 300 --seccomp-base OLD_AGENT.py
+        # the same, the base arm OLD_AGENT.py as it is (e.g. the policy before signals were watched) instead of "off"
 
 --leases 0 skips the lease measurements; --cpus sets the sandbox's CPU quota (cgroup cpu.max / cfs_quota_us over a
 100 ms period): at 0.05 every exec whose agent + command CPU passes 5 ms in a period waits for the next period.
@@ -171,16 +174,22 @@ async def bench_compare_agent(old_agent: str, spec: SandboxSpec, n: int, shared:
     return out
 
 
-async def bench_seccomp(spec: SandboxSpec, n: int, state_dir: str) -> dict[str, list[float]]:
+SELF_SIGNALS = ["python3", "-c", ("import os, signal\nsignal.signal(signal.SIGUSR1, lambda *a: None)\n"
+                                  "for _ in range(1000):\n    os.kill(os.getpid(), signal.SIGUSR1)")]
+
+
+async def bench_seccomp(spec: SandboxSpec, n: int, state_dir: str, base: str | None = None) -> dict[str, list[float]]:
     """exec round trips through this tree's agent with the syscall policy on and off (a copy of agent.py with
-    SECCOMP_POLICY = "off"), one local sandbox each, alternating (who goes first too) after 20 warm-up execs."""
+    SECCOMP_POLICY = "off"; `base`: that agent.py as it is instead), one local sandbox each, alternating (who goes
+    first too) after 20 warm-up execs."""
     from agentrl.sandbox.local import LocalBackend
 
     on, off = (LocalBackend(state_dir=state_dir) for _ in range(2))
     source = Path(on._agent_file).read_text()
     assert 'SECCOMP_POLICY = "notify"' in source, "agent.py no longer sets SECCOMP_POLICY = \"notify\""
     off_file = Path(state_dir, "agent-seccomp-off.py")
-    off_file.write_text(source.replace('SECCOMP_POLICY = "notify"', 'SECCOMP_POLICY = "off"'))
+    off_file.write_text(Path(base).read_text() if base else source.replace('SECCOMP_POLICY = "notify"',
+                                                                           'SECCOMP_POLICY = "off"'))
     off._agent_file = str(off_file)
     out: dict[str, list[float]] = {}
     async with contextlib.AsyncExitStack() as stack:
@@ -188,7 +197,7 @@ async def bench_seccomp(spec: SandboxSpec, n: int, state_dir: str) -> dict[str, 
         for key, backend in (("on", on), ("off", off)):
             pool = await stack.enter_async_context(SandboxPool(backend, spec, max_sandboxes=1))
             arms.append((key, await stack.enter_async_context(pool.lease())))
-        for cmd_key, cmd in (("true", ["true"]), ("python", ["python3", "-c", "pass"])):
+        for cmd_key, cmd in (("true", ["true"]), ("python", ["python3", "-c", "pass"]), ("signals", SELF_SIGNALS)):
             for _ in range(20):
                 for _, sb in arms:
                     await sb.exec(cmd)
@@ -213,17 +222,20 @@ async def main() -> None:
     ap.add_argument("--compare-agent", default=None, help="an older agent.py: exec through it vs this tree's agent")
     ap.add_argument("--shared", action="store_true", help="--compare-agent: agent and commands share one budget")
     ap.add_argument("--seccomp", type=int, default=0, help="only the syscall policy on-vs-off comparison, N each")
+    ap.add_argument("--seccomp-base", default=None, help="--seccomp: this agent.py, as it is, instead of policy off")
     args = ap.parse_args()
     if args.seccomp:
         spec = SandboxSpec() if args.cpus is None else SandboxSpec(cpus=args.cpus)
         with tempfile.TemporaryDirectory(prefix="agrl-bench-", dir="/tmp") as state_dir:
-            res = await bench_seccomp(spec, args.seccomp, state_dir)
-        print(f"local, cpus={spec.cpus}; policy on: {res['mode_on']}, off: {res['mode_off']}\n")
+            res = await bench_seccomp(spec, args.seccomp, state_dir, args.seccomp_base)
+        base = f"agent {args.seccomp_base}" if args.seccomp_base else "syscall policy off"
+        print(f"local, cpus={spec.cpus}; policy on: {res['mode_on']}, base: {res['mode_off']}\n")
         print("| exec round trip | N | p50 ms | p99 ms | ratio (p50) |\n| --- | --- | --- | --- | --- |")
-        for cmd_key, name in (("true", "['true']"), ("python", "['python3', '-c', 'pass']")):
+        for cmd_key, name in (("true", "['true']"), ("python", "['python3', '-c', 'pass']"),
+                              ("signals", "python, 1000 signals to itself")):
             off = statistics.median(res[f"{cmd_key}_off"]) * 1000
-            print(_row(f"{name}, syscall policy off", res[f"{cmd_key}_off"]))
-            print(_row(f"{name}, syscall policy on (notify)", res[f"{cmd_key}_on"], off))
+            print(_row(f"{name}, {base}", res[f"{cmd_key}_off"]))
+            print(_row(f"{name}, this tree (notify)", res[f"{cmd_key}_on"], off))
         return
     if args.compare_agent:
         spec = SandboxSpec() if args.cpus is None else SandboxSpec(cpus=args.cpus)

@@ -81,7 +81,7 @@ def from_sandbox(observed: Iterable[ExecResult]) -> list[IntegritySignal]:
         probes = {k: v for k, v in r.probes.items() if not k.startswith(UNSIGNALLED_PROBES)}
         if probes:
             out.append(IntegritySignal(name="sandbox_probe", count=sum(probes.values()),
-                                       detail="refused by the syscall policy: " + ", ".join(
+                                       detail="counted by the sandbox's agent: " + ", ".join(
                                            f"{k} x{v}" for k, v in sorted(probes.items()))))
         if res.get("shm_bytes", 0) > SHM_PROBE_BYTES:
             out.append(IntegritySignal(name="sandbox_probe", count=1,

@@ -33,7 +33,10 @@ start through setpriv as before.
 
 The syscall policy (SECCOMP_SOURCE): the spawner installs one allow-list seccomp filter on itself before it serves,
 so every command on every backend runs under it; its refusals go to the agent (seccomp user notification, the
-listener passed with the spawner's ready answer), which answers them and counts them (`SeccompWatch`).
+listener passed with the spawner's ready answer), which answers them and counts them (`SeccompWatch`). The calls
+that can signal another process go to the agent too and are let through; it counts those whose target is outside
+the policy's own processes (`SignalTargets`). Attempts to reach a network the sandbox does not have are counted from
+the network namespace's own counters (`NetAttempts`).
 
 Resource separation (`--cgroups v1:D1:D2...` or `--cgroups v2:D`, each D a sandbox cgroup directory with `agent` and
 `commands` children, the agent in `agent`): every command starts in `commands`, which carries the sandbox's memory,
@@ -73,7 +76,9 @@ sandbox costs no thread:
     POST /exec     {cmd: str|list, timeout, cwd, env, stdin, output_limit, kill_leftovers}
                    -> {exit_code, stdout, stderr, timed_out, truncated, duration_s, probes, resources}
                    kill_leftovers: after the command, kill every process of the command user (as /kill_all)
-                   probes: the syscall policy's refusals since the last report, by name (SeccompWatch);
+                   probes: what was observed since the last report, by name: the syscall policy's refusals
+                   (SeccompWatch), signal_foreign / sigio_foreign / signal_unresolved (SignalTargets) and
+                   network_attempt (NetAttempts), background processes' included;
                    resources: the commands' counters that moved during the command (ResourceCounters)
     POST /kill_all {} -> {killed: n, probes}   every process in `commands` (resource-separated), else every
                    process of the command user (uid-separated) or every descendant of the agent (single uid), until
@@ -759,8 +764,9 @@ def _killpg(pgid: int) -> None:
 # ptrace and reading other processes, mounts and namespaces, bpf, perf, userfaultfd, kexec and modules, io_uring)
 # with EPERM, the rest (calls newer or rarer than this list) with ENOSYS, so programs that probe for them fall back.
 # With `notify` the refusals go to a listener (SECCOMP_RET_USER_NOTIF) instead: the agent answers them with the same
-# errno and counts them, so probing is seen as well as blocked. Each table entry is NAME:X86_64_NR:AARCH64_NR (-1:
-# not on that architecture).
+# errno and counts them, so probing is seen as well as blocked; the SIGNALS (every call that can signal another
+# process) go there as well on Linux >= 5.5 and are let through (SeccompWatch, SignalTargets). Each table entry is
+# NAME:X86_64_NR:AARCH64_NR (-1: not on that architecture).
 SECCOMP_SOURCE = r'''# agentrl syscall policy
 import ctypes, os
 ALLOWED = {}
@@ -814,8 +820,18 @@ ALLOWED["time"] = """
     timer_gettime:224:108 timer_getoverrun:225:109 timer_delete:226:111 pause:34:-1"""
 ALLOWED["signals"] = """
     rt_sigaction:13:134 rt_sigprocmask:14:135 rt_sigreturn:15:139 rt_sigpending:127:136 rt_sigsuspend:130:133
-    rt_sigtimedwait:128:137 sigaltstack:131:132 kill:62:129 tkill:200:130 tgkill:234:131 rt_sigqueueinfo:129:138
-    rt_tgsigqueueinfo:297:240 pidfd_open:434:434 pidfd_send_signal:424:424"""
+    rt_sigtimedwait:128:137 sigaltstack:131:132 pidfd_open:434:434"""
+# every call that can signal another process: allowed, but in notify mode (kernel >= 5.5) each goes to the listener
+# first, which looks at the target and lets the kernel go on (SECCOMP_USER_NOTIF_FLAG_CONTINUE: the kernel's own
+# permission check decides, the count grants nothing). pidfd_open is not among them: a pidfd signals nothing by
+# itself (pidfd_send_signal is watched; pidfd_getfd, process_madvise and setns are refused), and the spawner opens
+# one per command, which would cost every exec a round trip.
+SIGNALS = """
+    kill:62:129 tkill:200:130 tgkill:234:131 rt_sigqueueinfo:129:138 rt_tgsigqueueinfo:297:240
+    pidfd_send_signal:424:424"""
+# and the calls that name the process the kernel signals on a descriptor's I/O (SIGIO / F_SETSIG's): fcntl and ioctl
+# go to the listener with these commands only (args[1]), every other fcntl and ioctl stays allowed
+OWNER_CMDS = {"fcntl": (8, 15), "ioctl": (0x8901, 0x8902)}  # F_SETOWN, F_SETOWN_EX; FIOSETOWN, SIOCSPGRP
 ALLOWED["ipc"] = """
     shmget:29:194 shmat:30:196 shmdt:67:197 shmctl:31:195 semget:64:190 semop:65:193 semtimedop:220:192
     semctl:66:191 msgget:68:186 msgsnd:69:189 msgrcv:70:188 msgctl:71:187 mq_open:240:180 mq_unlink:241:181
@@ -853,20 +869,27 @@ def numbers(arch):
     return allowed, {nr for nr in table(PROBES, col).values() if nr >= 0}
 
 
+def signals(arch):
+    """{signalling call nr} of `arch` (SIGNALS)."""
+    return {nr for nr in table(SIGNALS, ARCHES[arch][1]).values() if nr >= 0}
+
+
 def names(arch):
     col = ARCHES[arch][1]
-    out = {nr: name for text in ALLOWED.values() for name, nr in table(text, col).items() if nr >= 0}
+    out = {nr: name for text in (*ALLOWED.values(), SIGNALS) for name, nr in table(text, col).items() if nr >= 0}
     out.update({nr: name for name, nr in table(PROBES, col).items() if nr >= 0})
     return out
 
 
-def _section(arch, probe, other):
+def _section(arch, probe, other, signal=RET_ALLOW):
     """One architecture's instructions (labels resolved by `program`): seccomp_data.nr checked for x32, clone,
-    clone3 and the probes, then against the allow-list (sorted ranges, two jumps each); the rest is refused."""
+    clone3, the probes and the SIGNALS (`signal`: watched or allowed), then against the allow-list (sorted ranges,
+    two jumps each); the rest is refused."""
     allowed, probes = numbers(arch)
     clone = table(ALLOWED["processes"], ARCHES[arch][1])["clone"]
     sock = table(ALLOWED["network"], ARCHES[arch][1])["socket"]
-    allowed -= {clone, sock}
+    owners = {name: table(ALLOWED["files"], ARCHES[arch][1])[name] for name in OWNER_CMDS}
+    allowed -= {clone, sock, *owners.values()}
     ranges, ins = [], [(0x20, None, None, 0)]  # ld nr
     for nr in sorted(allowed):
         if ranges and ranges[-1][1] == nr - 1:
@@ -875,8 +898,13 @@ def _section(arch, probe, other):
             ranges.append([nr, nr])
     if arch == "x86_64":
         ins.append((0x35, "probe", None, X32_BIT))  # jge: an x32 call
+    for name, nr in owners.items():  # nr: args[1] (low word) against each command; the others go on with nr
+        ins += [(0x15, None, f"not_{name}", nr), (0x20, None, None, 24),
+                *[(0x15, f"{name}_signal", None, c) for c in OWNER_CMDS[name]], (0x06, None, None, RET_ALLOW),
+                (f"{name}_signal",), (0x06, None, None, signal), (f"not_{name}",)]
     ins += [(0x15, "clone", None, clone), (0x15, "socket", None, sock), (0x15, "enosys", None, CLONE3[arch])]
     ins += [(0x15, "probe", None, nr) for nr in sorted(probes)]
+    ins += [(0x15, "signal", None, nr) for nr in sorted(signals(arch))]
     for lo, hi in ranges:
         ins += [(0x35, None, "other", lo), (0x25, None, "allow", hi)]  # jge lo / jgt hi
     ins += [("other",), (0x06, None, None, other), ("allow",), (0x06, None, None, RET_ALLOW), ("probe",),
@@ -884,7 +912,8 @@ def _section(arch, probe, other):
             (0x20, None, None, 16), (0x45, None, "clone_ok", CLONE_NAMESPACES),  # ld args[0] (low word); jset
             (0x06, None, None, probe), ("clone_ok",), (0x06, None, None, RET_ALLOW), ("socket",),
             (0x20, None, None, 16), (0x15, None, "socket_ok", AF_VSOCK),  # ld args[0]; jeq
-            (0x06, None, None, probe), ("socket_ok",), (0x06, None, None, RET_ALLOW)]
+            (0x06, None, None, probe), ("socket_ok",), (0x06, None, None, RET_ALLOW), ("signal",),
+            (0x06, None, None, signal)]
     return _resolve(ins)
 
 
@@ -903,11 +932,13 @@ def _resolve(ins):
     return code
 
 
-def program(notify):
-    """The whole filter: the architecture check, then one section per known architecture."""
+def program(notify, watch_signals=False):
+    """The whole filter: the architecture check, then one section per known architecture. `watch_signals` (notify
+    only): the SIGNALS go to the listener too (it answers them with SECCOMP_USER_NOTIF_FLAG_CONTINUE)."""
     probe = RET_NOTIFY if notify else RET_ERRNO | EPERM
     other = RET_NOTIFY if notify else RET_ERRNO | ENOSYS
-    x86, arm = _section("x86_64", probe, other), _section("aarch64", probe, other)
+    signal = RET_NOTIFY if notify and watch_signals else RET_ALLOW
+    x86, arm = _section("x86_64", probe, other, signal), _section("aarch64", probe, other, signal)
     head = [(0x20, 0, 0, 4), (0x15, 2, 0, ARCHES["x86_64"][0]), (0x15, 1 + len(x86), 0, ARCHES["aarch64"][0]),
             (0x06, 0, 0, probe)]
     return b"".join(op.to_bytes(2, "little") + bytes((jt, jf)) + k.to_bytes(4, "little")
@@ -925,8 +956,11 @@ def install(libc, notify=True):
     class Prog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
     why = ""
+    # SECCOMP_USER_NOTIF_FLAG_CONTINUE came with Linux 5.5: before it a watched signal could not be let through
+    release = [int("0" + "".join(c for c in part if c.isdigit())) for part in os.uname().release.split(".")[:2]]
+    watch_signals = release >= [5, 5]
     for listen in ((True, False) if notify else (False,)):
-        code = program(listen)
+        code = program(listen, watch_signals)
         prog = Prog(len(code) // 8, code)
         fd = libc.syscall(ctypes.c_long(SYS_SECCOMP[arch]), ctypes.c_long(1), ctypes.c_long(8 if listen else 0),
                           ctypes.byref(prog))
@@ -1137,6 +1171,7 @@ SECCOMP_POLICY = "notify"  # the spawner's syscall policy: notify (refusals coun
 _POLICY: dict = {}
 exec(SECCOMP_SOURCE, _POLICY)  # its tables and functions (nothing is installed in the agent)
 _NOTIF_RECV, _NOTIF_SEND = 0xC0502100, 0xC0182101  # SECCOMP_IOCTL_NOTIF_RECV / _SEND
+_NOTIF_FLAG_CONTINUE = 1  # SECCOMP_USER_NOTIF_FLAG_CONTINUE: the call goes on as if the filter had allowed it
 
 
 class _NotifData(ctypes.Structure):
@@ -1152,20 +1187,227 @@ class _NotifResp(ctypes.Structure):
     _fields_ = [("id", ctypes.c_uint64), ("val", ctypes.c_int64), ("error", ctypes.c_int32), ("flags", ctypes.c_uint32)]
 
 
+class SignalTargets:
+    """Whether a call of SIGNALS reaches a process outside the policy's own (SeccompWatch counts it then): the agent
+    itself; a process of another euid (the owner of /proc/PID): the agent, the relay, the pid namespace's init (tini,
+    the pod's pause); or a non-dumpable process of the command user (its /proc/PID/mem is root's) that does not
+    descend from the caller: the spawner, a judge (a judge ending its own helpers is not counted). A command's own
+    processes, its children, its process groups and itself are the command user's and dumpable: uncounted. Names:
+    "signal_foreign" (a signal or a signal check, sig 0: kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo,
+    pidfd_send_signal; kill(-1) always, it reaches the spawner; kill(-PGID) when a member of the group is foreign),
+    "sigio_foreign" (a foreign process or group named as a descriptor's signal owner: `_owner`),
+    and "signal_unresolved" (the target of a pidfd_send_signal descriptor cannot be read: the caller made itself
+    non-dumpable, or it is not visible to the agent). Pids in the
+    arguments are the caller's pid namespace's: every backend runs the commands in the agent's (bubblewrap: the agent
+    is inside the sandbox's; docker and kubernetes: one shared pid namespace) and the policy refuses new ones
+    (unshare, clone with namespace flags), so they are read as they are. Nothing is granted or refused here."""
+
+    PIDFD_SIGNAL_PROCESS_GROUP = 4
+
+    def __init__(self, identity: "Identity") -> None:
+        self._identity = identity
+        self._me = os.getpid()
+        self.graders: set[int] = set()  # running execs whose program is the agent's judge_python (the host's graders)
+
+    def judge(self, name: str, caller: int, args: list[int]) -> str | None:
+        """The count's name for this call of `caller` (a thread id), None when it reaches only the policy's own
+        processes or comes from a grader itself (an exec of judge_python: repo_fix's shell client ends every other
+        process of the command user, the spawner included; a grader's descendants are not exempt)."""
+        if self.graders and caller > 0 and self._tgid(caller) in self.graders:
+            return None
+        a = [ctypes.c_int32(x & 0xFFFFFFFF).value for x in args]  # pid_t and int arguments
+        if name == "pidfd_send_signal":
+            pid = self._pidfd_target(caller, a[0])
+            if pid is None:
+                return "signal_unresolved"
+            targets = self._group(self._pgid(pid)) if args[3] & self.PIDFD_SIGNAL_PROCESS_GROUP else [pid]
+        elif name == "kill":
+            if a[0] == 0:  # the caller's own process group
+                return None
+            if a[0] == -1:  # every process the caller may signal but itself: the spawner among them
+                return "signal_foreign"
+            targets = [a[0]] if a[0] > 0 else self._group(-a[0])
+        elif name in ("fcntl", "ioctl"):
+            return self._owner(caller, a[1] & 0xFFFFFFFF, a[2], args[2])
+        elif name in ("tgkill", "rt_tgsigqueueinfo"):
+            targets = [a[0], a[1]]
+        else:  # tkill, rt_sigqueueinfo
+            targets = [a[0]]
+        return "signal_foreign" if any(self._foreign(t, caller) for t in targets if t > 0) else None
+
+    def _owner(self, caller: int, cmd: int, value: int, pointer: int) -> str | None:
+        """fcntl F_SETOWN (value: a pid, or -PGID), F_SETOWN_EX (pointer: struct f_owner_ex {type, pid}), ioctl
+        FIOSETOWN / SIOCSPGRP (pointer: an int like F_SETOWN's): "sigio_foreign" when the process the kernel would
+        signal on the descriptor's I/O is foreign. The pointed-to value is read from the caller's memory
+        (/proc/CALLER/mem with the command user's fsuid); unreadable: "signal_unresolved"."""
+        if cmd == 8:
+            owner, group = abs(value), value < 0
+        else:
+            raw = self._peek(caller, pointer, 8 if cmd == 15 else 4)
+            if raw is None:
+                return "signal_unresolved"
+            if cmd == 15:
+                kind, owner = int.from_bytes(raw[:4], "little", signed=True), int.from_bytes(raw[4:], "little",
+                                                                                              signed=True)
+                group = kind == 2  # F_OWNER_PGRP
+            else:
+                value = int.from_bytes(raw, "little", signed=True)
+                owner, group = abs(value), value < 0
+        if owner <= 0:
+            return None
+        targets = self._group(owner) if group else [owner]
+        return "sigio_foreign" if any(self._foreign(t, caller) for t in targets) else None
+
+    def _peek(self, caller: int, address: int, size: int) -> bytes | None:
+        if caller <= 0:
+            return None
+        with self._identity.files():
+            try:
+                with open(f"/proc/{caller}/mem", "rb", buffering=0) as f:
+                    f.seek(address)
+                    raw = f.read(size)
+            except (OSError, ValueError, OverflowError):
+                return None
+        return raw if len(raw) == size else None
+
+    def _foreign(self, pid: int, caller: int) -> bool:
+        if pid == self._me:
+            return True
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != self._identity.uid:  # the directory's owner: the euid
+                return True
+            if os.stat(f"/proc/{pid}/mem").st_uid == self._identity.uid:  # the files': root's when non-dumpable
+                return False
+        except OSError:  # no such process: the call fails with ESRCH and reaches nothing
+            return False
+        return not self._descends(pid, self._tgid(caller))  # a judge may end its own helpers
+
+    @staticmethod
+    def _tgid(tid: int) -> int:
+        try:
+            with open(f"/proc/{tid}/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("Tgid:"))
+        except (OSError, ValueError, StopIteration):
+            return 0
+
+    @staticmethod
+    def _descends(pid: int, ancestor: int) -> bool:
+        for _ in range(256):
+            if pid == ancestor:
+                return True
+            if pid <= 1:
+                return False
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    pid = int(f.read().rpartition(b")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                return False
+        return False
+
+    @staticmethod
+    def _pgid(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return int(f.read().rpartition(b")")[2].split()[2])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def _group(self, pgid: int) -> list[int]:
+        if pgid <= 0:
+            return []
+        return [int(p) for p in os.listdir("/proc") if p.isdigit() and self._pgid(int(p)) == pgid]
+
+    def _pidfd_target(self, caller: int, fd: int) -> int | None:
+        """The pid a descriptor of `caller` refers to (a pidfd, or a /proc/PID directory), 0 when that process is
+        gone, None when it cannot be read (read with the command user's fsuid: the agent holds no CAP_SYS_PTRACE)."""
+        if caller <= 0 or fd < 0:
+            return None
+        with self._identity.files():
+            try:
+                with open(f"/proc/{caller}/fdinfo/{fd}") as f:
+                    for line in f:
+                        if line.startswith("Pid:"):
+                            return max(int(line.split()[1]), 0)
+                link = os.readlink(f"/proc/{caller}/fd/{fd}")
+            except (OSError, ValueError, IndexError):
+                return None
+        head, _, tail = link.rpartition("/")
+        return int(tail) if tail.isdigit() and head.endswith("/proc") else None
+
+
+class NetAttempts:
+    """Attempts to reach a network the sandbox does not have, counted from the kernel's own counters of the network
+    namespace the agent shares with the commands (bubblewrap --unshare-net with the agent inside; docker "none",
+    the commands' container in the agent's): Ip OutNoRoutes of /proc/net/snmp and Ip6OutNoRoutes of
+    /proc/net/snmp6. With loopback as the only interface, every packet, connect or DNS query to an address that is
+    not loopback's fails its route lookup and moves one of them, whatever the call, the socket type or the process
+    (background ones included); loopback traffic (tests with localhost servers) moves neither. Enabled only where
+    the namespace has no interface but `lo` (no network by spec); a namespace with one (network by spec, a
+    Kubernetes pod's own interface that carries the agent's API) is not counted. `take()`: the attempts since the
+    last take."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fds: list[int] = []
+        self.enabled, self._last = False, 0
+        try:
+            with open("/proc/net/dev") as f:
+                names = {line.partition(":")[0].strip() for line in f.readlines()[2:] if ":" in line}
+            if names != {"lo"}:
+                return
+            self._fds.append(os.open("/proc/net/snmp", os.O_RDONLY | os.O_CLOEXEC))
+            try:  # absent without IPv6
+                self._fds.append(os.open("/proc/net/snmp6", os.O_RDONLY | os.O_CLOEXEC))
+            except OSError:
+                pass
+            self._last = self._read()
+            self.enabled = True
+        except (OSError, ValueError):
+            _close(tuple(self._fds))
+
+    def _read(self) -> int:
+        """The two counters, from the descriptors kept open (pread at 0 makes the kernel write the file anew)."""
+        snmp = os.pread(self._fds[0], 1 << 16, 0)
+        at = 0 if snmp.startswith(b"Ip: ") else snmp.index(b"\nIp: ") + 1  # the header line, then the values
+        head, values = snmp[at:].split(b"\n", 2)[:2]
+        total = int(values.split()[head.split().index(b"OutNoRoutes")])
+        if len(self._fds) > 1:
+            snmp6 = os.pread(self._fds[1], 1 << 16, 0)
+            at = snmp6.find(b"Ip6OutNoRoutes")
+            total += int(snmp6[at + 14:snmp6.index(b"\n", at)]) if at >= 0 else 0
+        return total
+
+    def take(self) -> int:
+        if not self.enabled:
+            return 0
+        with self._lock:
+            try:
+                now = self._read()
+            except (OSError, ValueError):
+                return 0
+            n, self._last = max(now - self._last, 0), now
+        return n
+
+
 class SeccompWatch:
     """The supervisor of the syscall policy's refusals (notify mode): one thread polls the listener of every
     spawner started (a spawner's commands keep its filter, and so its listener, after it died), answers each refused
     call with the errno the policy gives it (EPERM for the PROBES, a foreign architecture, x32 and clone with
     namespace flags, socket for AF_VSOCK; ENOSYS for the rest) and counts it by name: PROBES by their name,
-    "clone_namespace", "socket_vsock", "x32", "arch:0x...", the rest "enosys:NAME" (or "enosys:NR"). `take()` hands out the counts seen since the last take:
+    "clone_namespace", "socket_vsock", "x32", "arch:0x...", the rest "enosys:NAME" (or "enosys:NR"). The SIGNALS
+    are not refused: each is let through (SECCOMP_USER_NOTIF_FLAG_CONTINUE, the kernel's permission check decides)
+    and counted when its target is foreign (`SignalTargets`). `take()` hands out the counts seen since the last take:
     every refusal of the whole episode is reported once, background processes' included. The count is the kernel's
-    (each notification is one refused call); nothing a command prints enters it."""
+    (each notification is one call); nothing a command prints enters it."""
 
-    def __init__(self) -> None:
+    def __init__(self, targets: "SignalTargets | None" = None) -> None:
         self._libc = ctypes.CDLL(None, use_errno=True)
-        self._names, self._probes, self._clone, self._socket = {}, {}, {}, {}
+        self._targets = targets
+        self._names, self._probes, self._clone, self._socket, self._signals = {}, {}, {}, {}, {}
         for machine, (audit, column) in _POLICY["ARCHES"].items():
             self._names[audit] = _POLICY["names"](machine)
+            self._signals[audit] = _POLICY["signals"](machine) | {
+                _POLICY["table"](_POLICY["ALLOWED"]["files"], column)[name] for name in _POLICY["OWNER_CMDS"]}
             self._probes[audit] = _POLICY["numbers"](machine)[1]
             self._clone[audit] = _POLICY["table"](_POLICY["ALLOWED"]["processes"], column)["clone"]
             self._socket[audit] = _POLICY["table"](_POLICY["ALLOWED"]["network"], column)["socket"]
@@ -1206,8 +1448,21 @@ class SeccompWatch:
         notif = _Notif()
         if self._libc.ioctl(fd, ctypes.c_ulong(_NOTIF_RECV), ctypes.byref(notif)) != 0:
             return  # the caller died meanwhile
-        name, err = self._name(notif.data.arch, notif.data.nr)
-        self._libc.ioctl(fd, ctypes.c_ulong(_NOTIF_SEND), ctypes.byref(_NotifResp(notif.id, 0, -err, 0)))
+        if notif.data.nr in self._signals.get(notif.data.arch, ()):
+            name = None
+            try:
+                name = self._targets.judge(self._names[notif.data.arch][notif.data.nr], notif.pid,
+                                           list(notif.data.args)) if self._targets is not None else None
+            except Exception:  # noqa: BLE001 - this thread answers every notification: it must not die of one
+                name = "signal_unresolved"
+            finally:  # the caller waits for this answer whatever the look at its target gave
+                self._libc.ioctl(fd, ctypes.c_ulong(_NOTIF_SEND),
+                                 ctypes.byref(_NotifResp(notif.id, 0, 0, _NOTIF_FLAG_CONTINUE)))
+            if name is None:
+                return
+        else:
+            name, err = self._name(notif.data.arch, notif.data.nr)
+            self._libc.ioctl(fd, ctypes.c_ulong(_NOTIF_SEND), ctypes.byref(_NotifResp(notif.id, 0, -err, 0)))
         with self._lock:
             self._counts[name] = self._counts.get(name, 0) + 1
 
@@ -1781,11 +2036,15 @@ class Reaper:
         with self._cond:
             return pid in self._status
 
-    def adopt(self, pid: int) -> None:
+    def adopt(self, pid: int, since_ticks: int | None = None) -> None:
         """Keep `pid`'s exit code should it become the agent's child (a command whose spawner died: orphans are
-        re-parented to the agent); `forget` it once its exit code is known."""
+        re-parented to the agent); `forget` it once its exit code is known. A command that was re-parented, exited
+        and reaped before this call (its spawner killed right after answering) is among the leaders reaped lately:
+        with `since_ticks` (when it was started, clock ticks since boot), its exit code is taken from there."""
         with self._cond:
             self._tracked.add(pid)
+            if since_ticks is not None and pid in self._leaders and self._leaders[pid][0] >= since_ticks:
+                self._status[pid] = self._leaders.pop(pid)[1]
             self._cond.notify_all()
 
     def forget(self, pid: int) -> None:
@@ -1896,7 +2155,9 @@ class Agent:
         # separated (by uid, by cgroup or by container): commands start through a fork server that is already where
         # they belong
         separated = self.identity.separated or self.cgroup.enabled or relay
-        self._watch = SeccompWatch() if separated and SECCOMP_POLICY == "notify" else None
+        self._targets = SignalTargets(self.identity)
+        self._watch = SeccompWatch(self._targets) if separated and SECCOMP_POLICY == "notify" else None
+        self._net = NetAttempts()
         self._spawner = Spawner(self.identity, self.cgroup, self._reaper, relay, self._watch) if separated else None
         if self._spawner is not None and relay:
             self._spawner.on_counter_files = self.counters.use_files
@@ -1932,8 +2193,13 @@ class Agent:
         return "none: the spawner cannot start here" if spawner.unusable else spawner.seccomp
 
     def probes(self) -> dict[str, int]:
-        """The syscall policy's refusals since the last report (SeccompWatch.take), {} without a watch."""
-        return self._watch.take() if self._watch is not None else {}
+        """What was observed since the last report: the syscall policy's refusals and signals to foreign processes
+        (SeccompWatch.take, none without a watch) and "network_attempt" (NetAttempts.take)."""
+        out = self._watch.take() if self._watch is not None else {}
+        net = self._net.take()
+        if net:
+            out["network_attempt"] = out.get("network_attempt", 0) + net
+        return out
 
     def exec(self, req: dict) -> dict:
         argv = _argv(req.get("cmd"))
@@ -1963,13 +2229,17 @@ class Agent:
             late = time.monotonic() >= start + timeout
             code = None if late else -signal.SIGKILL if e.killed_in_flight else 126
             return _result(code, b"", f"agent: {e}\n".encode(), late, False, start)
+        grader = self.judge_python is not None and argv[0] == self.judge_python
         with self._lock:
             self._groups.add(proc.pid)
+            if grader:
+                self._targets.graders.add(proc.pid)
         try:
             result = self._finish(run, proc, start + timeout, start)
         finally:
             with self._lock:
                 self._groups.discard(proc.pid)
+                self._targets.graders.discard(proc.pid)
         if kill_leftovers:
             self._kill_leftovers()
         result["probes"] = self.probes()
@@ -1983,12 +2253,13 @@ class Agent:
         if spawner is not None and not spawner.unusable:
             try:
                 spawner.ensure(deadline)
+                since = _boot_ticks()
                 try:
                     proc = spawner.spawn(run, deadline)
                 except _GoneBefore:
                     spawner.ensure(deadline)
                     proc = spawner.spawn(run, deadline)
-                self._reaper.adopt(proc.pid)  # its exit code, should the policy kill the spawner meanwhile
+                self._reaper.adopt(proc.pid, since)  # its exit code, should the policy kill the spawner meanwhile
                 return proc
             except SpawnerUnusable as e:
                 if self.relay:  # no fallback: a command started here would run in the agent's own container

@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 from agentrl.sandbox.client import Sandbox, SandboxPathError
-from agentrl.testing.policy_attacks import attack_hide_an_oom_kill, attack_probe_the_kernel, still_serves
+from agentrl.testing.policy_attacks import PROBE_ATTACKS, attack_hide_an_oom_kill, attack_probe_the_kernel, still_serves
 
 # defines agent_of() -> (pid, --unix socket path or "") of the agent, or None: found through /proc/*/cmdline, which
 # every process may read (also the chaos tier's signal_the_agent attack, `scripted_attacks`)
@@ -347,7 +347,7 @@ async def attack_open_a_grader_at_its_start(sb: Sandbox) -> None:
 ALL = (attack_kill_everything, attack_signal_the_agent, attack_read_the_agent, attack_ptrace_the_agent,
        attack_socket_dir, attack_daemon_outlives_the_call, attack_daemon_with_kill_leftovers,
        attack_unresolvable_paths, attack_trace_the_spawner, attack_kill_the_spawner, attack_stop_the_spawner,
-       attack_probe_the_kernel)
+       attack_probe_the_kernel, *PROBE_ATTACKS)
 
 
 # ---------------------------------------------------------------- the control plane's own resources
