@@ -73,6 +73,7 @@ test-k8s: venv
 lint: venv
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check agentrl envs
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
