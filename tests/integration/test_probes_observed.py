@@ -5,26 +5,15 @@ tier can set up: a sandbox whose spec allows network counts no network attempt."
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from local_sandbox_support import root_bwrap_problem, state_dir  # noqa: F401 (a fixture)
 
 from agentrl.sandbox import SandboxPool, SandboxSpec
-from tests.integration.test_sandbox_local import needs_bwrap
 
-pytestmark = [needs_bwrap, pytest.mark.skipif(os.geteuid() != 0, reason="uid separation needs a root host user")]
+pytestmark = pytest.mark.skipif(root_bwrap_problem() is not None, reason=root_bwrap_problem() or "")
 SPEC = SandboxSpec(memory="256m", pids=128, disk="64m", default_timeout_s=20)
-
-
-@pytest.fixture
-def state_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="agrl-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 async def test_network_by_spec_is_not_counted(state_dir: Path) -> None:
