@@ -52,8 +52,9 @@ and a missed deadline on a sandbox that still answers.
 
 A SIGKILL is an outside cause ("killed:9", "signal:9") only when the backend holds a positive record that the OOM
 killer did not send it (the kernel's OOM counter of the agent's cgroup, the engine's own kill event); with none it
-reports "sigkill_unproven", which no row above proves: the policy's. No backend infers an outside kill from a missing
-OOM flag (docs/reward-integrity.md, "How each backend proves an agent's death").
+reports "sigkill_unproven". That is infra only where the policy can neither send nor provoke it (uid-separated, the
+agent's memory and pids its own: the "agent killed by a signal" row), and the policy's everywhere else. No verdict
+depends on an OOM flag a runtime may lack (docs/reward-integrity.md, "How each backend proves an agent's death").
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from agentrl.errors import EngineError, PolicyError, SandboxDiedError, SandboxError, SandboxStartError
+from agentrl.sandbox.base import SIGKILL_UNPROVEN
 from agentrl.types import Status
 
 # provably from outside the sandbox; "engine_lost": the container engine itself stopped answering as the sandbox died
@@ -174,9 +176,12 @@ def _sandbox_death(exc: SandboxDiedError, facts: DeathFacts) -> Verdict:
     if facts.answers:
         return _policy("sandbox_answers", f"a request missed its deadline while the sandbox still answers (busy with "
                                           f"the policy's work): {_text(exc)}")
-    if facts.uid_separated and facts.control_plane_separated and cause is not None and cause.startswith("signal:"):
+    if facts.uid_separated and facts.control_plane_separated and cause is not None and (
+            cause.startswith("signal:") or cause == SIGKILL_UNPROVEN):
         # a signal the policy cannot send (its commands run under another uid) nor provoke (the agent's memory and
-        # pids are its own; the kernel's OOM killer is excluded: that cause is "oom"): the host or an admin sent it
+        # pids are its own, and its memory does not grow with the data it carries for the policy): the host, an
+        # admin, or the OOM killer of the agent's own cgroup (its own limit, not the policy's doing) -- which of
+        # them does not matter here, so no OOM flag is needed; a proven "oom" is told apart before this
         return _infra(_with_cause("sandbox_died", cause), exc)
     if facts.in_flight:
         return _policy(_with_cause("sandbox_died_in_command", cause),

@@ -73,11 +73,13 @@ async def test_the_agent_survives_the_editor_on_a_40_mb_file(docker_sandbox: Any
     await _alive(sb, backend)
 
 
-async def test_a_sigkill_without_any_record_is_never_an_outside_cause(docker_sandbox: Any) -> None:
+async def test_a_sigkill_without_any_record_is_unproven_and_judged_by_separation(docker_sandbox: Any) -> None:
     """The agent SIGKILLed with no OOMKilled flag and no kill event of the engine (here: from the host, as the OOM
-    killer would look on a runtime that never flags it) is SIGKILL_UNPROVEN, charged to the policy; the old rule
-    read every unflagged SIGKILL of a uid-separated agent as `killed:9`, an outside cause: an unscored dodge for an
-    agent the policy's data killed. `docker kill` (the engine's record) stays `killed:9` (test_attacks)."""
+    killer would look on a runtime that never flags it) is SIGKILL_UNPROVEN, not `killed:9`: no record says who
+    sent it. Attribution then needs no flag: this agent is uid-separated and on memory and pids of its own, which
+    the data it carries does not grow, so the policy could neither send nor provoke the kill (infra); were the
+    resources shared, the same cause would be the policy's. `docker kill` (the engine's record) stays `killed:9`
+    (test_attacks)."""
     import signal
 
     from agentrl.errors import SandboxDiedError
@@ -89,5 +91,9 @@ async def test_a_sigkill_without_any_record_is_never_an_outside_cause(docker_san
     cause = await backend.death_cause(sb.handle)
     assert cause == "sigkill_unproven", cause
     verdict = classify(SandboxDiedError("gone", in_flight=False), Stage.turns,
-                       death=DeathFacts(uid_separated=True, control_plane_separated=True, cause=cause))
-    assert verdict.status is Status.policy_error, verdict
+                       death=DeathFacts(uid_separated=True, control_plane_separated=sb.resources_separated,
+                                        cause=cause))
+    assert sb.resources_separated and verdict.status is Status.infra_error, verdict
+    shared = classify(SandboxDiedError("gone", in_flight=False), Stage.turns,
+                      death=DeathFacts(uid_separated=True, control_plane_separated=False, cause=cause))
+    assert shared.status is Status.policy_error, shared

@@ -65,6 +65,21 @@ def test_agent_killed_by_a_signal_the_policy_cannot_send_nor_provoke_is_infra(in
 
 
 @pytest.mark.parametrize("in_flight", [True, False])
+def test_an_unproven_sigkill_is_infra_only_where_the_policy_cannot_cause_it(in_flight: bool) -> None:
+    """A SIGKILL with no record of who sent it: with the agent uid-separated and on its own memory and pids, the
+    policy could neither send it nor provoke it (the OOM killer of the agent's own cgroup is not the policy's doing
+    either), so no OOM flag is needed to call it infra; with the resources shared it stays the policy's."""
+    separated = classify(DIED, Stage.turns, death=DeathFacts(in_flight=in_flight, cause="sigkill_unproven",
+                                                             **SEPARATED))
+    assert (separated.status, separated.kind) == (Status.infra_error, "sandbox_died:sigkill_unproven")
+    shared = classify(DIED, Stage.turns, death=DeathFacts(in_flight=in_flight, uid_separated=True,
+                                                          cause="sigkill_unproven"))
+    assert shared.status is Status.policy_error
+    single = classify(DIED, Stage.turns, death=DeathFacts(in_flight=in_flight, cause="sigkill_unproven"))
+    assert single.status is Status.policy_error
+
+
+@pytest.mark.parametrize("in_flight", [True, False])
 def test_a_signal_is_the_policys_when_the_agent_shares_the_commands_resources(in_flight: bool) -> None:
     """uid separation alone proves the commands cannot signal the agent, not that they cannot starve it (a cgroup
     OOM / pids exhaustion the backend did not name)."""
