@@ -1297,20 +1297,15 @@ class SignalTargets:
                 return True
             if pid <= 1:
                 return False
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    pid = int(f.read().rpartition(b")")[2].split()[1])
-            except (OSError, ValueError, IndexError):
+            parent = _stat_int(pid, 1)  # ppid
+            if parent is None:
                 return False
+            pid = parent
         return False
 
     @staticmethod
     def _pgid(pid: int) -> int:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                return int(f.read().rpartition(b")")[2].split()[2])
-        except (OSError, ValueError, IndexError):
-            return 0
+        return _stat_int(pid, 2) or 0  # pgrp
 
     def _group(self, pgid: int) -> list[int]:
         if pgid <= 0:
@@ -2104,13 +2099,31 @@ class Reaper:
                         self._leaders.pop(next(iter(self._leaders)))
 
 
-def _leader_start(pid: int) -> int | None:
-    """When `pid` started (clock ticks since boot), if it leads its own session (as every command does)."""
+def _stat_fields(pid: "int | str") -> "list[bytes] | None":
+    """The fields of /proc/PID/stat after the command name (which may hold spaces and parentheses): [0] state,
+    [1] ppid, [2] pgrp, [3] session, [19] start time in clock ticks since boot; None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            rest = f.read().rpartition(b")")[2].split()
-        return int(rest[19]) if int(rest[3]) == pid else None
-    except (OSError, ValueError, IndexError):
+            return f.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+
+
+def _stat_int(pid: "int | str", index: int) -> "int | None":
+    """Field `index` of _stat_fields as an int; None when the process is gone or the field unreadable."""
+    rest = _stat_fields(pid)
+    try:
+        return int(rest[index]) if rest is not None else None
+    except (ValueError, IndexError):
+        return None
+
+
+def _leader_start(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot), if it leads its own session (as every command does)."""
+    rest = _stat_fields(pid)
+    try:
+        return int(rest[19]) if rest is not None and int(rest[3]) == pid else None
+    except (ValueError, IndexError):
         return None
 
 
@@ -2449,10 +2462,8 @@ class _Denied403:
 
 def _proc_fields(pid: str) -> tuple[str, int] | None:
     """(state, ppid) of a process from /proc/PID/stat; None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            rest = f.read().rpartition(b")")[2].split()
-    except OSError:
+    rest = _stat_fields(pid)
+    if rest is None:
         return None
     return rest[0].decode(), int(rest[1])
 

@@ -114,7 +114,9 @@ class SandboxHandle:
     timings: dict[str, float] = field(default_factory=dict)  # create_s, start_s, agent_ready_s
 
 
-SIGKILL_UNPROVEN = "sigkill_unproven"  # a death cause: SIGKILL, OOM killer or not unknown (charged to the policy)
+# a death cause: SIGKILL, whether the OOM killer's unknown; attribution judges it by what the policy can reach (infra
+# where the agent is uid- and resource-separated, the policy's otherwise: runner/attribution.py)
+SIGKILL_UNPROVEN = "sigkill_unproven"
 
 
 class SandboxBackend(Protocol):

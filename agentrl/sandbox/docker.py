@@ -173,7 +173,8 @@ def container_death_cause(state: dict[str, Any] | None, *, uid_separated: bool =
     A SIGKILL exit without OOMKilled is an outside kill only with that positive record: the OOMKilled flag is the
     runtime's report, which some runtimes never make (gVisor) and which a kill of a process other than the
     container's main one may not set, so its absence proves nothing, and an agent the OOM killer took must never
-    read as killed from outside (an unscored dodge). Without the record: SIGKILL_UNPROVEN, charged to the policy."""
+    read as killed from outside. Without the record: SIGKILL_UNPROVEN, which attribution judges by separation (infra
+    where the policy can reach neither the agent's uid nor its resources, the policy's otherwise)."""
     if state is None or state.get("Status") in ("removing", "dead"):
         return "deleted"
     if state.get("Running") or state.get("Status") in ("created", "restarting", "paused"):

@@ -502,7 +502,7 @@ class LocalBackend:
         signum = code - 128 if code > 128 else None  # bwrap reports its child's death by signal n as 128 + n
         if signum == signal.SIGKILL:
             # a SIGKILL is from outside only when the kernel's counter of the cgroup the agent lives in says the OOM
-            # killer did not fire; an unreadable counter proves nothing (SIGKILL_UNPROVEN: the policy's)
+            # killer did not fire; an unreadable counter proves nothing (SIGKILL_UNPROVEN: attribution decides)
             kills = await self._oom_kills(plan.launch_cgroups if plan.separated else plan.cgroups)
             if kills and plan.separated:
                 return "killed:oom"  # the OOM killer took the agent in its own cgroup: host memory, not the commands'

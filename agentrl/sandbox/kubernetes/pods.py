@@ -469,7 +469,8 @@ def death_cause(pod: Obj | None) -> str | None:
     if signum == 9:
         # the kubelet's OOMKilled is the runtime's report, which some runtimes never make (gVisor): its absence does
         # not prove that the OOM killer spared the agent, and the kubelet's own kills (deletion, eviction, the
-        # deadline) are told above; no record here proves an outside SIGKILL, so it is not one
+        # deadline) are told above; no record here proves an outside SIGKILL, so none is claimed (attribution calls
+        # it infra because the pod's agent is uid- and resource-separated: the policy can reach neither)
         return SIGKILL_UNPROVEN
     return f"signal:{signum}" if signum else f"exited:{code}"
 
