@@ -171,6 +171,18 @@ def test_a_uid_separated_agent_ending_on_sigterm_was_stopped_from_outside(code: 
     assert container_death_cause(state, uid_separated=True, engine_kill=engine_kill) == cause
 
 
+def test_only_an_engine_sigkill_without_an_oom_is_a_record_of_an_outside_kill() -> None:
+    from agentrl.sandbox.docker.specs import engine_killed
+
+    def kill(signal: str) -> dict:
+        return {"Action": "kill", "Actor": {"Attributes": {"signal": signal}}}
+
+    assert engine_killed([kill("9")]) and engine_killed([kill("SIGKILL")])
+    assert engine_killed([{"status": "kill", "Actor": {"Attributes": {"signal": "KILL"}}}])  # older engines' field
+    assert not engine_killed([kill("15")]) and not engine_killed([])
+    assert not engine_killed([kill("9"), {"Action": "oom"}]), "an OOM of the container: never proof of an outside kill"
+
+
 def test_writable_dirs_are_tmpfs_owned_like_the_workspace(tmp_path: Path) -> None:
     cfg = _config(SandboxSpec(disk="64m", writable_dirs=("/repo",)), tmp_path)
     tmpfs = cfg["host_config"]["Tmpfs"]

@@ -53,6 +53,7 @@ from agentrl.sandbox.docker.specs import (
     commands_container,
     container_config,
     container_death_cause,
+    engine_killed,
     sandbox_labels,
     should_remove,
     volume_labels,
@@ -355,11 +356,7 @@ class DockerBackend:
         except (docker.errors.DockerException, requests.RequestException, OSError) as e:
             log.warning("docker events %s failed: %s", handle.id, e)
             return False
-        actions = [(e.get("Action") or e.get("status"), (e.get("Actor") or {}).get("Attributes") or {}) for e in events]
-        if any(action == "oom" for action, _ in actions):
-            return False
-        return any(action == "kill" and str(attrs.get("signal")).upper() in ("9", "SIGKILL", "KILL")
-                   for action, attrs in actions)
+        return engine_killed(events)
 
     async def oom_kills(self, handle: SandboxHandle) -> int:
         """How many times the kernel's OOM killer fired in this container's cgroup since it was created (Docker

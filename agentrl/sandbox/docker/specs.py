@@ -158,6 +158,16 @@ def container_death_cause(state: dict[str, Any] | None, *, uid_separated: bool =
     return f"signal:{code - 128}" if code > 128 else f"exited:{code}"
 
 
+def engine_killed(events: list[dict[str, Any]]) -> bool:
+    """The engine's events of a container (kill, oom) record a SIGKILL sent to it through the API and no OOM of it:
+    the positive record `container_death_cause(engine_kill=True)` needs."""
+    actions = [(e.get("Action") or e.get("status"), (e.get("Actor") or {}).get("Attributes") or {}) for e in events]
+    if any(action == "oom" for action, _ in actions):
+        return False
+    return any(action == "kill" and str(attrs.get("signal")).upper() in ("9", "SIGKILL", "KILL")
+               for action, attrs in actions)
+
+
 # ------------------------------------------------------------------ containers and volumes
 
 
