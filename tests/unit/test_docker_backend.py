@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.sandbox.docker import separation as layouts  # the package imports without the Docker SDK
+from agentrl.sandbox.docker.specs import L_RUN, HostSide, container_config, sandbox_labels
+
 docker = pytest.importorskip("docker")
 
 from agentrl.sandbox import SandboxHandle, SandboxSpec
 from agentrl.sandbox.base import AgentEndpoint
-from agentrl.sandbox.docker import separation as layouts
 from agentrl.sandbox.docker import should_remove
-from agentrl.sandbox.docker.specs import L_RUN, HostSide, container_config, sandbox_labels
 from agentrl.sandbox.ownership import OwnerRecord, process_start
 
 HOST = "this-host"
