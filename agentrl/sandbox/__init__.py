@@ -3,7 +3,9 @@
 Public API: `SandboxPool` (leases), `Sandbox` (the handle a trajectory holds), `SandboxSpec`, `ExecResult`,
 `SandboxPathError`, `SandboxFileError`, `SandboxSurvivorsError`, the `SandboxBackend` protocol and `make_backend`.
 Backends live in `local.py`
-(bubblewrap), `docker.py` and the package `kubernetes/`; the in-sandbox agent in `agent.py` (stdlib only, never
+(bubblewrap; its command line in `bubblewrap.py`) and the packages `docker/` and `kubernetes/` (each a `backend.py`
+control plane over pure modules of what a sandbox is); the sweep rule all three share in `ownership.py`; the
+in-sandbox agent in `agent.py` (stdlib only, never
 imported by the
 host side except for its constants).
 """

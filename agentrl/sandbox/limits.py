@@ -2,7 +2,8 @@
 
 Owns: detecting which mechanism works on this host, creating one cgroup per sandbox with its memory / pids / CPU
 limits, the launch wrapper that puts the sandbox's first process into that cgroup and sets rlimits before it
-execs bubblewrap, and killing + removing a sandbox's cgroup. Does not own: namespaces (local.py) or the agent.
+execs bubblewrap, and killing + removing a sandbox's cgroup. Does not own: namespaces (bubblewrap.py, local.py) or
+the agent.
 
 Separated layout (`prepare(..., separate=True)`, cgroup modes only): the sandbox's cgroup gets two children,
 

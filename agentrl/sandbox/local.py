@@ -1,8 +1,9 @@
 """LocalBackend ("local"): one in-sandbox agent process per sandbox, isolated with bubblewrap.
 
-Owns: the bubblewrap command line (namespaces, read-only system binds, private tmpfs workspace and /tmp), starting
-the agent and waiting for its ready line, per-sandbox state files (owner pid, run id, created-at, TTL) under a state
-root, destroying sandboxes (idempotent) and sweeping orphans. Limits come from `limits.py`. Does not own: commands
+Owns: starting the agent under bubblewrap and waiting for its ready line, per-sandbox state files (owner pid, run
+id, created-at, TTL) under a state root, the judge's execute-only interpreter, destroying sandboxes (idempotent) and
+sweeping orphans (the rule: `ownership.py`). The bubblewrap command line (namespaces, read-only system binds,
+private tmpfs workspace and /tmp) is built by `bubblewrap.py`; limits come from `limits.py`. Does not own: commands
 or files inside the sandbox (the agent, via client.py) or leasing (pool.py).
 
 Each sandbox gets `<state root>/<id>/` on the host:
@@ -41,6 +42,7 @@ death of such a sandbox is the policy's to answer for.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -59,18 +61,12 @@ from agentrl.errors import ConfigError, MissingDependencyError, SandboxStartErro
 from agentrl.sandbox import limits
 from agentrl.sandbox.agent import READY_LINE
 from agentrl.sandbox.base import SIGKILL_UNPROVEN, AgentEndpoint, SandboxHandle, SandboxSpec
+from agentrl.sandbox.bubblewrap import SANDBOX_UID, WORKSPACE, Bubblewrap
 from agentrl.sandbox.ownership import alive as process_alive
-from agentrl.sandbox.ownership import host_id, owner_gone, process_start
+from agentrl.sandbox.ownership import host_id, owner_gone, process_start, sweep_selects, ttl_passed
 
 log = logging.getLogger("agentrl.sandbox")
 
-SANDBOX_UID = 1000
-AGENT_CAPS = ("CAP_CHOWN", "CAP_KILL", "CAP_SETGID", "CAP_SETUID")  # chown the workspace root; kill/run as 1000
-AGENT_DIR = "/.agentrl"
-WORKSPACE = "/workspace"
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "timezone", "hosts",
-             "nsswitch.conf", "ssl", "ca-certificates", "mime.types", "os-release", "debian_version")
 ORPHAN_DIR_AGE_S = 120.0  # a sandbox dir without a state file older than this is debris of a crashed start
 INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install -y bubblewrap)"
 
@@ -283,105 +279,17 @@ class LocalBackend:
         state = json.loads((path / "state.json").read_text())
         self._write_state(path, {**state, "pid": pid, "pid_start": process_start(pid)})
 
+    def _command(self) -> Bubblewrap:
+        """The command line's view of this backend (settings as they are now: the judge's copy is made lazily)."""
+        return Bubblewrap(bwrap=self.bwrap, python=self.python, agent_file=self._agent_file, unsafe=self.unsafe,
+                          uid_separated=self.uid_separated, ro_binds=self.ro_binds, path_prepend=self.path_prepend,
+                          judge_python=self._judge_python)
+
     def _argv(self, spec: SandboxSpec, path: Path, plan: limits.LimitPlan | None = None) -> list[str]:
-        if self.unsafe:
-            return [self.python, "-I", "-S", self._agent_file, "--unix", str(path / "run" / "agent.sock"),
-                    "--workspace", str(path / "workspace")]
-        agent = [self.python, "-I", "-S", f"{AGENT_DIR}/agent.py", "--unix", f"{AGENT_DIR}/run/agent.sock",
-                 "--workspace", WORKSPACE]
-        if self.uid_separated:
-            agent += ["--run-as", f"{SANDBOX_UID}:{SANDBOX_UID}"]
-        if spec.writable_dirs:
-            agent += ["--writable", ":".join(spec.writable_dirs)]
-        separated = plan is not None and plan.separated
-        cgroup_binds: list[str] = []
-        if plan is not None and separated:
-            inside = [f"{AGENT_DIR}/cgroup/{i}" for i in range(len(plan.cgroups))]
-            agent += ["--cgroups", ("v2:" if plan.mode == "cgroup2" else "v1:") + ":".join(inside)]
-            cgroup_binds = ["--perms", "0700", "--dir", f"{AGENT_DIR}/cgroup"]
-            for host_dir, target in zip(plan.cgroups, inside):
-                cgroup_binds += ["--bind", host_dir, target]
-        # cgroup v2 with nsdelegate: the agent must see `commands` from its cgroup namespace to move commands there
-        own_cgroupns = not (plan is not None and separated and plan.mode == "cgroup2")
-        assert self.bwrap is not None  # checked in __init__; unsafe sandboxes never build a bwrap argv
-        return [self.bwrap, *self._namespace_args(spec, own_cgroupns), *self._mount_args(spec, path, cgroup_binds),
-                *self._env_args(), "--chdir", WORKSPACE, "--", *agent]
-
-    def _namespace_args(self, spec: SandboxSpec, own_cgroupns: bool = True) -> list[str]:
-        if self.uid_separated:  # no user namespace: the agent is root with a handful of capabilities
-            args = ["--cap-drop", "ALL"]
-            for cap in AGENT_CAPS:
-                args += ["--cap-add", cap]
-        else:
-            args = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--disable-userns"]
-        args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox",
-                 *(["--unshare-cgroup-try"] if own_cgroupns else []), "--die-with-parent", "--new-session"]
-        if not spec.network:
-            args.append("--unshare-net")
-        return args
-
-    def _mount_args(self, spec: SandboxSpec, path: Path, extra_binds: Sequence[str] = ()) -> list[str]:
-        args: list[str] = []
-        for d in SYSTEM_DIRS:
-            if os.path.islink(d):
-                args += ["--symlink", os.readlink(d), d]
-            elif os.path.isdir(d):
-                args += ["--ro-bind", d, d]
-        for name in ETC_FILES + (("resolv.conf",) if spec.network else ()):
-            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        disk = str(spec.disk_bytes)
-        shm = str(min(spec.disk_bytes, 64 * 1024 * 1024))
-        args += ["--ro-bind", str(path / "passwd"), "/etc/passwd", "--ro-bind", str(path / "group"), "/etc/group",
-                 "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", shm, "--tmpfs", "/dev/shm",
-                 "--perms", "1777", "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs", WORKSPACE]
-        extras = self.ro_binds + self._interpreter_binds()
-        for parent in self._parent_dirs(extras + spec.writable_dirs):
-            args += ["--perms", "0755", "--dir", parent]
-        for d in spec.writable_dirs:  # created root-owned when uid-separated: the agent chowns them (CAP_CHOWN)
-            args += ["--perms", "0755", "--size", disk, "--tmpfs", d]
-        for extra in extras:  # after the tmpfs mounts: a venv under /tmp stays visible
-            args += ["--ro-bind", extra, extra]
-        if self._judge_python:  # the command user may traverse the agent's directory (not list it) to run it
-            args += ["--perms", "0711", "--dir", AGENT_DIR,
-                     "--ro-bind", self._judge_python, f"{AGENT_DIR}/judge-python"]
-        args += ["--ro-bind", self._agent_file, f"{AGENT_DIR}/agent.py",
-                 "--bind", str(path / "run"), f"{AGENT_DIR}/run", *extra_binds,
-                 "--remount-ro", "/"]  # the root tmpfs bwrap builds would otherwise be writable (and unlimited)
-        return args
-
-    def _parent_dirs(self, targets: Sequence[str]) -> list[str]:
-        """Directories bwrap would create on the way to `targets`. As root it creates them 0700, which the sandbox
-        user could not traverse: with uid separation they are created 0755 first (in the read-only root)."""
-        if not self.uid_separated:
-            return []
-        covered = ("/dev", "/proc", AGENT_DIR, *SYSTEM_DIRS)  # mounted whole: nothing is created inside them
-        tmpfs_roots = ("/tmp", WORKSPACE)  # fresh tmpfs mounts: only their subdirectories are created (e.g. a venv
-        out: list[str] = []                # under /tmp, whose parents bwrap would otherwise make 0700)
-        for target in targets:
-            for parent in reversed(Path(target).parents[:-1] if len(Path(target).parents) > 1 else ()):
-                name = str(parent)
-                if name in out or name in tmpfs_roots or any(name == c or name.startswith(c + "/") for c in covered):
-                    continue
-                out.append(name)
-        return out
-
-    def _interpreter_binds(self) -> tuple[str, ...]:
-        """The agent's interpreter must be visible: outside /usr, bind its installation prefix read-only."""
-        real = os.path.realpath(self.python)
-        if real.startswith("/usr/") or any(real.startswith(b + "/") for b in self.ro_binds):
-            return ()
-        return (str(Path(real).parent.parent),)
+        return self._command().argv(spec, path, plan)
 
     def _env(self, home: str) -> dict[str, str]:
-        """The whole environment of the agent and its commands (nothing of the host's leaks in: no tokens)."""
-        path = ":".join((*self.path_prepend, "/usr/local/bin", "/usr/bin", "/bin"))
-        return {"PATH": path, "HOME": home, "USER": "agent", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
-
-    def _env_args(self) -> list[str]:
-        args = ["--clearenv"]
-        for key, value in self._env(WORKSPACE).items():
-            args += ["--setenv", key, value]
-        return args
+        return self._command().env(home)
 
     async def _spawn(self, argv: list[str], path: Path, log_fd: int) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
@@ -552,18 +460,17 @@ class LocalBackend:
                 if now - path.stat().st_mtime > ORPHAN_DIR_AGE_S:
                     out.append(path.name)
                 continue
-            if all_runs or (run_id is not None and state.get("run_id") == run_id):
-                out.append(path.name)
-            elif run_id is None and self._orphaned(state, now):
+            if sweep_selects(run=state.get("run_id"), run_id=run_id, all_runs=all_runs,
+                             orphaned=functools.partial(self._orphaned, state, now)):
                 out.append(path.name)
         return out
 
     @staticmethod
     def _orphaned(state: dict, now: float) -> bool:
-        if now > state.get("created_at", 0) + state.get("ttl_s", 0):
-            return True
-        # a state root shared across hosts: only the TTL applies to another host's sandboxes
-        return owner_gone(state.get("owner_host"), state.get("owner_pid"), state.get("owner_start"))
+        """The ownership rule wired to a state file (a missing creation time or TTL counts as 0, as it always has).
+        A state root shared across hosts: only the TTL applies to another host's sandboxes."""
+        return (ttl_passed(state.get("created_at", 0), state.get("ttl_s", 0), now)
+                or owner_gone(state.get("owner_host"), state.get("owner_pid"), state.get("owner_start")))
 
     async def close(self) -> None:
         """Destroy every sandbox this backend started and has not destroyed yet."""

@@ -1,5 +1,7 @@
-"""The docker backend's pure parts, without a Docker Engine: the sweep rule (which containers are orphans) and the
-container configuration a SandboxSpec turns into (limits and hardening). The real containers are in tests/docker."""
+"""The docker backend's pure parts, without a Docker Engine: the sweep rule wired to its labels (which containers are
+orphans; the rule itself is tested in test_ownership.py), the container configuration a SandboxSpec turns into
+(limits and hardening, `docker/specs.py`) and the separation layout (`docker/separation.py`). The real containers
+are in tests/docker."""
 
 from __future__ import annotations
 
@@ -10,12 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.sandbox.docker import separation as layouts  # the package imports without the Docker SDK
+from agentrl.sandbox.docker.specs import L_RUN, HostSide, container_config, sandbox_labels
+
 docker = pytest.importorskip("docker")
 
 from agentrl.sandbox import SandboxHandle, SandboxSpec
 from agentrl.sandbox.base import AgentEndpoint
-from agentrl.sandbox.docker import DockerBackend, should_remove
-from agentrl.sandbox.ownership import process_start
+from agentrl.sandbox.docker import should_remove
+from agentrl.sandbox.ownership import OwnerRecord, process_start
 
 HOST = "this-host"
 NOW = 1_000_000.0
@@ -76,12 +81,20 @@ def test_malformed_labels_do_not_crash_or_remove() -> None:
     assert not _rule(_labels(**{"agentrl.created_at": "yesterday", "agentrl.owner_pid": "x"}))
 
 
+def test_the_run_id_label_comes_from_the_callers_labels() -> None:
+    owner = OwnerRecord.here()
+    for caller in ({"agentrl/run-id": "r7"}, {"run_id": "r7", "other": "x"}, {"agentrl.run_id": "r7", "run_id": "r8"}):
+        labels = sandbox_labels(SandboxSpec(ttl_s=60), caller, Path("/s/agentrl-x"), owner, NOW)
+        assert labels[L_RUN] == "r7" and labels["agentrl.ttl_s"] == "60" and labels["agentrl.owner"] == "agentrl"
+    assert sandbox_labels(SandboxSpec(), {}, Path("/s/agentrl-x"), owner, NOW)[L_RUN] == ""
+
+
 def _config(spec: SandboxSpec, tmp_path: Path) -> dict:
-    backend = DockerBackend(state_dir=tmp_path)
+    """A pure function of the spec and the host side: no DockerBackend, no engine."""
     api = docker.APIClient(base_url="unix:///nonexistent.sock", version="1.41")  # given version: no request made
     handle = SandboxHandle(id="agentrl-test", backend="docker", endpoint=AgentEndpoint("unix", "x"),
                            labels={"agentrl.owner": "agentrl"})
-    return backend._container_config(api, handle, spec, tmp_path / "agentrl-test")
+    return container_config(api, handle, spec, tmp_path / "agentrl-test", host=HostSide.here())
 
 
 def test_spec_becomes_limits_and_hardening(tmp_path: Path) -> None:
@@ -107,6 +120,18 @@ def test_spec_becomes_limits_and_hardening(tmp_path: Path) -> None:
         assert "--run-as" not in cfg["command"]
     assert cfg["command"][:2] == ["python3", "-c"] and "120" in cfg["command"]  # the TTL alarm
     assert "docker.sock" not in str(cfg)
+
+
+def test_the_backend_sends_the_pure_config(tmp_path: Path) -> None:
+    """DockerBackend builds each container from specs.container_config with this host side (no cgroup plan here)."""
+    from agentrl.sandbox.docker import DockerBackend
+
+    api = docker.APIClient(base_url="unix:///nonexistent.sock", version="1.41")
+    handle = SandboxHandle(id="agentrl-test", backend="docker", endpoint=AgentEndpoint("unix", "x"), labels={})
+    spec = SandboxSpec(disk="64m", network=True)
+    got = DockerBackend(state_dir=tmp_path, network="mynet")._container_config(api, handle, spec, tmp_path / "s")
+    assert got == container_config(api, handle, spec, tmp_path / "s", host=HostSide.here(network="mynet"))
+    assert got["host_config"]["NetworkMode"] == "mynet"
 
 
 def test_network_is_an_explicit_opt_in(tmp_path: Path) -> None:
@@ -147,6 +172,18 @@ def test_a_uid_separated_agent_ending_on_sigterm_was_stopped_from_outside(code: 
     assert container_death_cause(state, uid_separated=True, engine_kill=engine_kill) == cause
 
 
+def test_only_an_engine_sigkill_without_an_oom_is_a_record_of_an_outside_kill() -> None:
+    from agentrl.sandbox.docker.specs import engine_killed
+
+    def kill(signal: str) -> dict:
+        return {"Action": "kill", "Actor": {"Attributes": {"signal": signal}}}
+
+    assert engine_killed([kill("9")]) and engine_killed([kill("SIGKILL")])
+    assert engine_killed([{"status": "kill", "Actor": {"Attributes": {"signal": "KILL"}}}])  # older engines' field
+    assert not engine_killed([kill("15")]) and not engine_killed([])
+    assert not engine_killed([kill("9"), {"Action": "oom"}]), "an OOM of the container: never proof of an outside kill"
+
+
 def test_writable_dirs_are_tmpfs_owned_like_the_workspace(tmp_path: Path) -> None:
     cfg = _config(SandboxSpec(disk="64m", writable_dirs=("/repo",)), tmp_path)
     tmpfs = cfg["host_config"]["Tmpfs"]
@@ -180,15 +217,11 @@ def test_each_engine_has_its_own_socket_root(monkeypatch: pytest.MonkeyPatch) ->
 def test_the_separation_layout_follows_the_engine(separation: str, root: bool, info: dict, mode: str) -> None:
     """Where the engine gives no host cgroups (cgroup v2, the systemd driver), `auto` puts the agent in a container
     of its own rather than sharing the commands' limits; only a non-root host side (or `off`) keeps one budget."""
-    from agentrl.sandbox.docker import DockerBackend
-
     class Api:
         def info(self) -> dict:
             return info
 
-    b = DockerBackend(separation=separation)
-    b._root_host = root
-    limiter, got, why = b._probe_separation(Api())
+    limiter, got, why = layouts.probe(Api(), separation=separation, root_host=root, docker_host="unix:///x.sock")
     assert (limiter, got) == (None, mode), why
     assert got or why, "a layout without separation says why"
 

@@ -51,13 +51,13 @@ from agentrl.sandbox.kubernetes.pods import (
     PodOptions,
     agent_configmap,
     agent_configmap_name,
-    check_template,
     derive_token,
     key_secret,
 )
 from agentrl.sandbox.kubernetes.pods import (
     death_cause as pod_death_cause,
 )
+from agentrl.sandbox.kubernetes.template import check_template
 
 log = logging.getLogger("agentrl.sandbox")
 DEATH_SETTLE_S = 6.0  # how long death_cause() waits for the kubelet to report a container the agent died in

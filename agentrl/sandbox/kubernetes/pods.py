@@ -2,8 +2,9 @@
 
 Owns: the pod (and its agent ConfigMap / key Secret) the `kubernetes` backend creates, with the security defaults
 enforced whatever the user's pod template says; the labels and annotations that carry pool, state, owner and run;
-the per-sandbox bearer token; predicates over pod objects (running, ready, dead, age); and the sweep rule.
-Does not own API calls (`api.py`) or when to create, claim or delete (`pool.py`).
+the per-sandbox bearer token; predicates over pod objects (running, ready, dead, age); and the sweep rule's wiring
+(`ownership.py` owns the rule). Does not own API calls (`api.py`), when to create, claim or delete (`pool.py`), or
+which pod-template fields a config may set (`template.py`).
 
 One sandbox pod:
 
@@ -61,10 +62,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from agentrl.errors import ConfigError
 from agentrl.sandbox.agent import RELAY_SOURCE
 from agentrl.sandbox.base import SIGKILL_UNPROVEN, SandboxSpec
-from agentrl.sandbox.ownership import OwnerRecord, owner_gone
+from agentrl.sandbox.ownership import OwnerRecord, caller_run_id, owner_gone, sweep_selects, ttl_passed
 
 Obj = dict[str, Any]
 
@@ -109,13 +109,6 @@ try:
 except OSError as e:
     print("agentrl-init: no execute-only interpreter for graders:", e, file=sys.stderr)
 """
-# pod-template keys a user may set (the rest is ours); containers/volumes are merged, see merge_template()
-TEMPLATE_SPEC_KEYS = frozenset({"nodeSelector", "affinity", "tolerations", "priorityClassName", "imagePullSecrets",
-                                "runtimeClassName", "schedulerName", "topologySpreadConstraints", "dnsPolicy",
-                                "dnsConfig", "volumes", "containers", "terminationGracePeriodSeconds"})
-TEMPLATE_CONTAINER_KEYS = frozenset({"name", "image", "imagePullPolicy", "env", "envFrom", "resources",
-                                     "volumeMounts"})
-FORBIDDEN_VOLUMES = ("hostPath",)
 
 
 def derive_token(key: bytes, pod_name: str) -> str:
@@ -316,32 +309,6 @@ def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
     return merge_template(out, opts.template)
 
 
-def check_template(template: Any) -> None:
-    """Refuse pod-template content that would weaken the sandbox or that the backend owns. Raises ConfigError."""
-    if template is None:
-        return
-    if not isinstance(template, dict) or set(template) - {"metadata", "spec"}:
-        raise ConfigError("sandbox.backend.pod_template: use a pod template with only `metadata` and `spec`")
-    spec = template.get("spec") or {}
-    extra = sorted(set(spec) - TEMPLATE_SPEC_KEYS)
-    if extra:
-        raise ConfigError(f"sandbox.backend.pod_template.spec: {', '.join(extra)} cannot be set (the backend owns "
-                          f"them or they would weaken isolation); allowed: {', '.join(sorted(TEMPLATE_SPEC_KEYS))}")
-    for c in spec.get("containers") or []:
-        if c.get("name") != CONTAINER or set(c) - TEMPLATE_CONTAINER_KEYS:
-            raise ConfigError(f"sandbox.backend.pod_template.spec.containers: only one container named {CONTAINER!r} "
-                              f"with {', '.join(sorted(TEMPLATE_CONTAINER_KEYS))} may be given")
-    for v in spec.get("volumes") or []:
-        if any(k in v for k in FORBIDDEN_VOLUMES) or v.get("name") in ("agentrl", "workspace", "tmp", "agent-src",
-                                                                      "agent-key") \
-                or str(v.get("name", "")).startswith("writable-"):
-            raise ConfigError(f"sandbox.backend.pod_template.spec.volumes: volume {v.get('name')!r} is not allowed "
-                              "(hostPath volumes and the backend's own volume names are refused)")
-    meta = template.get("metadata") or {}
-    if set(meta) - {"labels", "annotations"}:
-        raise ConfigError("sandbox.backend.pod_template.metadata: only labels and annotations may be given")
-
-
 def merge_template(out: Obj, template: Any) -> Obj:
     """User template + our pod spec: user's scheduling fields and extra volumes are kept; for the sandbox container
     the user may set image, pull policy, env, and extra mounts; resources from the template replace the spec's but
@@ -399,7 +366,7 @@ def base_labels(pool: str, shash: str, spec: SandboxSpec) -> dict[str, str]:
 
 
 def run_id_of(labels: dict[str, str]) -> str:
-    return label_value(next((str(labels[k]) for k in RUN_ID_KEYS if labels.get(k)), ""))
+    return label_value(caller_run_id(labels, RUN_ID_KEYS))
 
 
 # ------------------------------------------------------------------ pod state
@@ -486,9 +453,8 @@ def age_s(pod: Obj, now: float) -> float:
 
 
 def expired(pod: Obj, now: float) -> bool:
-    deadline = pod.get("spec", {}).get("activeDeadlineSeconds")
-    start = started_at(pod)
-    return deadline is not None and start is not None and now > start + float(deadline)
+    """Past activeDeadlineSeconds (the TTL) from its start (ownership.ttl_passed)."""
+    return ttl_passed(started_at(pod), pod.get("spec", {}).get("activeDeadlineSeconds"), now)
 
 
 def owner_process_dead(meta: Obj, host: str) -> bool:
@@ -499,15 +465,16 @@ def owner_process_dead(meta: Obj, host: str) -> bool:
 
 def should_remove(pod: Obj, *, now: float, host: str, live_owner_uids: set[str] | None, run_id: str | None,
                   all_runs: bool) -> bool:
-    """The sweep rule for one pod (pure): ours and (all runs | of `run_id` | dead | past its TTL | claimed by an
-    owner that is gone). Unclaimed warm pods are shared: only their TTL or death removes them."""
+    """The sweep rule for one pod (pure; ownership.sweep_selects): ours and (all runs | of `run_id` | dead | past its
+    TTL | claimed by an owner that is gone). Unclaimed warm pods are shared: only their TTL or death removes them."""
     labels = _labels(pod)
     if labels.get(MANAGED_BY) != MANAGED or labels.get(L_ROLE) != ROLE:
         return False
-    if all_runs:
-        return True
-    if run_id is not None:
-        return labels.get(L_RUN) == run_id
+    return sweep_selects(run=labels.get(L_RUN), run_id=run_id, all_runs=all_runs,
+                         orphaned=lambda: _orphaned(pod, labels, now=now, host=host, live_owner_uids=live_owner_uids))
+
+
+def _orphaned(pod: Obj, labels: dict[str, str], *, now: float, host: str, live_owner_uids: set[str] | None) -> bool:
     if pod.get("status", {}).get("phase") in DEAD_PHASES or expired(pod, now):
         return True
     if labels.get(L_STATE) != CLAIMED:
