@@ -35,6 +35,8 @@ part at start-up, tests/integration/test_trainer.py and tests/unit/test_trainer_
     TRL's log names                   hooks.UPDATE_LOG_KEYS (kl, loss, clip_ratio/region_mean, sampling/...)
   transformers Trainer (TRL's base)   TrainerCallback hook order, state.global_step, train(resume_from_checkpoint),
                                       remove_callback(PrinterCallback / ProgressCallback), enable_full_determinism
+  transformers, used elsewhere        the Trainer's accelerator / model / processing_class (weight_sync.py,
+                                      checks.py); its checkpoint layout checkpoint-<N>/trainer_state.json (resume.py)
 """
 
 from __future__ import annotations
