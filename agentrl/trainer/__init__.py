@@ -1,8 +1,8 @@
-"""Training: TRL GRPOTrainer over the real runner (rollout_func), weight sync to the engine, evaluation, resume.
+"""Training: TRL GRPOTrainer over the real runner, weight sync to the engine, evaluation, resume.
 
-    config.py         TrainConfig (the job YAML)          rollout_func.py   TRL rollout_func + env_reward
-    grpo.py           GRPOConfig mapping, trainer, IS shim weight_sync.py    WeightSync: local / disk / adapter
-    job.py            one training job (order of things)  callbacks.py      per-step metrics / eval every K steps
+    config.py         TrainConfig (the job YAML)          rollouts.py       the rollout of each step (pipeline, store)
+    trl_adapter/      everything that knows TRL           weight_sync.py    WeightSync: local / disk / adapter
+    job.py            one training job, a step's order    steps.py          the step phases: metrics, eval, snapshots
     metrics.py        metrics.jsonl + per-step table      resume.py         cut the output dir back to a checkpoint
     eval.py           fixed-task-set evaluation + diff    checks.py         engine-vs-trainer start-up check
     loop.py           the background asyncio loop         checkpoints.py    resolve / LoRA-merge checkpoints to load

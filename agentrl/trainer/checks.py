@@ -6,8 +6,9 @@ Owns the list of things that must agree, each reported with what each side has a
                 (in-process engines) every parameter name and shape, which weight sync copies one to one
     tokenizer   the runner's tokenizer (it renders prompts and tool observations) vs the trainer's processing_class:
                 vocabulary, special tokens, chat template, and the ids of a probe text
-    generation  the runner's stop ids must all be end ids for TRL (else TRL calls finished turns "truncated"), and
-                temperature / top_p / top_k / max_completion_length in GRPOConfig equal the rollout's
+    generation  the runner's stop ids must all be end ids for the trainer (else TRL calls finished turns
+                "truncated"), and the trainer's temperature / top_p / top_k / max completion tokens equal the
+                rollout's (`TrainerGeneration`, read from GRPOConfig by the TRL adapter)
 
 A mismatch in any of these silently trains on wrong logprobs or masks, so it is an error, not a warning.
 """
@@ -15,6 +16,7 @@ A mismatch in any of these silently trains on wrong logprobs or masks, so it is 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,16 +105,26 @@ def _digest(text: Any) -> str | None:
     return hashlib.sha256(json.dumps(text, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def generation_mismatches(sampling: SamplingParams, engine_eos: list[int], trainer: Any,
+@dataclass(frozen=True)
+class TrainerGeneration:
+    """What the trainer assumes about generation (trl_adapter.generation_settings reads it from GRPOConfig)."""
+
+    temperature: float
+    top_p: float
+    top_k: int  # 0: off
+    max_completion_tokens: int
+    end_ids: list[int]  # ids the trainer treats as the end of a completion (eos ids and the pad id)
+
+
+def generation_mismatches(sampling: SamplingParams, engine_eos: list[int], trainer: TrainerGeneration,
                           max_completion_tokens: int) -> list[str]:
-    args = trainer.args
     problems = [f"generation: {name} is {a!r} for rollouts but {b!r} in GRPOConfig"
-                for name, a, b in [("temperature", sampling.temperature, args.temperature),
-                                   ("top_p", sampling.top_p, args.top_p),
-                                   ("top_k", sampling.top_k, args.top_k or 0),
-                                   ("max completion tokens", max_completion_tokens, args.max_completion_length)]
+                for name, a, b in [("temperature", sampling.temperature, trainer.temperature),
+                                   ("top_p", sampling.top_p, trainer.top_p),
+                                   ("top_k", sampling.top_k, trainer.top_k),
+                                   ("max completion tokens", max_completion_tokens, trainer.max_completion_tokens)]
                 if a != b]
-    trl_end = set(trainer.eos_token_ids) | {trainer.processing_class.pad_token_id}
+    trl_end = set(trainer.end_ids)
     runner_stop = set(sampling.stop_token_ids) | set(engine_eos)
     if not runner_stop <= trl_end:
         problems.append(f"generation: the runner stops turns on ids {sorted(runner_stop - trl_end)} that TRL does "
@@ -121,15 +133,16 @@ def generation_mismatches(sampling: SamplingParams, engine_eos: list[int], train
     return problems
 
 
-def check_startup(*, engine: Any, trainer: Any, runner_tokenizer: Any, sampling: SamplingParams,
-                  max_completion_tokens: int) -> None:
-    """Raise ConfigError listing every disagreement between the engine/runner and the trainer."""
+def check_startup(*, engine: Any, trainer: Any, generation: TrainerGeneration, runner_tokenizer: Any,
+                  sampling: SamplingParams, max_completion_tokens: int) -> None:
+    """Raise ConfigError listing every disagreement between the engine/runner and the trainer (a transformers
+    Trainer: its accelerator, model and processing_class) with its `generation` settings."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     base = model.get_base_model() if is_peft(model) else model
     vocab = getattr(base.config.get_text_config(), "vocab_size", None)
     problems = (model_mismatches(engine, model)
                 + tokenizer_mismatches(runner_tokenizer, trainer.processing_class, vocab)
-                + generation_mismatches(sampling, list(engine.eos_token_ids), trainer, max_completion_tokens))
+                + generation_mismatches(sampling, list(engine.eos_token_ids), generation, max_completion_tokens))
     if problems:
         raise ConfigError("the engine and the trainer disagree; refusing to train on mismatched logprobs:\n  - "
                           + "\n  - ".join(problems)

@@ -4,7 +4,7 @@
 Owns: the job's fields, their cross-field rules (a training temperature > 0, a micro-batch that divides the step's
 completions, the model named once), and the view the composition root builds the run from: `rollout_config()` (the
 `RolloutConfig` of the job; `agentrl.compose.build_run` derives the one `SamplingParams` shared by rollouts,
-evaluation and TRL's `GRPOConfig` from it). Does not own the mapping onto TRL's `GRPOConfig` (`grpo.py`).
+evaluation and TRL's `GRPOConfig` from it). Does not own the mapping onto TRL's `GRPOConfig` (`trl_adapter/trainer.py`).
 
 Step arithmetic: a step draws `batch_size` tasks, runs `group_size` trajectories of each (the GRPO group), and does
 exactly one optimizer update on those `batch_size * group_size` completions, split into micro-batches of

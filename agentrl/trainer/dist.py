@@ -4,7 +4,8 @@ Owns: `Ranks` (rank, world size, local rank, read from the variables `torchrun` 
 the process group (accelerate's `PartialState`: gloo on CPU, nccl on GPUs), `Ranks.share` (rank 0 computes,
 every rank gets the result; an error on rank 0 is raised on every rank, so no rank waits forever), `Ranks.gather`
 (every rank's list, concatenated in rank order), and `rank_slice` of a rollout batch. Does not own what is rolled out
-(rollout_func.py) nor TRL's data split (TRL's sampler and accelerate's dataloader shard).
+(rollouts.py; the TRL adapter's rollout_func gathers and slices) nor TRL's data split (TRL's sampler and
+accelerate's dataloader shard).
 
 The design (docs/training.md, "Scaling out"): rank 0 alone holds the engine client, the sandbox pool, the scheduler
 and the store. Each step, every rank hands its slice of TRL's prompts to rank 0, which rolls out the global batch

@@ -1,10 +1,12 @@
 """One training job: the GRPO loop from sandbox rewards to new weights, on components the CLI built.
 
 Owns the order of things: output-dir guard and resume preparation, the background loop that hosts the runner and
-the sandbox pool, the rollout function and weight sync, the TRL trainer, the start-up consistency check, training,
-evaluation hooks and teardown. Does not own building anything it runs on: the env, engine, renderer, sampling,
-budgets, pool, scorer and every scheduler come built from the composition root (agentrl.compose, through
-agentrl.cli.train) in `JobParts.run`. Nor any TRL name (grpo.py).
+the sandbox pool, the order of one training step (`StepPhases`: roll out and score -> advantages -> update -> eval
+-> checkpoint, with the weight sync before the next rollout), the start-up consistency check, training and
+teardown. Does not own building anything it runs on: the env, engine, renderer, sampling, budgets, pool, scorer
+and every scheduler come built from the composition root (agentrl.compose, through agentrl.cli.train) in
+`JobParts.run`. Nor any TRL name: the TRL adapter (agentrl.trainer.trl_adapter) builds the trainer and calls the
+step phases from TRL's hooks.
 
 Output dir layout:
 
@@ -27,7 +29,6 @@ import contextlib
 import functools
 import json
 import logging
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,21 +42,20 @@ from agentrl.reward import Scorer
 from agentrl.runner.lag import LoopLag
 from agentrl.store import TrajectoryStore
 from agentrl.trainer import eval as evaluation
-from agentrl.trainer import snapshots
-from agentrl.trainer.callbacks import RankStop, StepCallback
+from agentrl.trainer import snapshots, trl_adapter
 from agentrl.trainer.checks import check_startup
 from agentrl.trainer.config import TrainConfig
 from agentrl.trainer.dist import Ranks
 from agentrl.trainer.dynamic_sampling import DynamicSampler
-from agentrl.trainer.grpo import AgentGRPOTrainer, enable_importance_sampling, grpo_config, load_policy, peft_config
 from agentrl.trainer.loop import BackgroundLoop
 from agentrl.trainer.metrics import MetricsWriter
-from agentrl.trainer.pipeline import PipelineConfig, RolloutPipeline, TaskStream, consumed_slots, sampler_order
+from agentrl.trainer.pipeline import PipelineConfig, RolloutPipeline, TaskStream, consumed_slots
 from agentrl.trainer.resume import ResumeState, prepare_resume
-from agentrl.trainer.rollout_func import AgentRollout, FollowerRollout, env_reward
+from agentrl.trainer.rollouts import AgentRollout, FollowerRollout
+from agentrl.trainer.steps import TrainingSteps
 from agentrl.trainer.trackers import TrackerSet, check_trackers
 from agentrl.trainer.weight_sync import AdapterWeightSync, DiskWeightSync, LocalWeightSync, WeightSync
-from agentrl.types import SamplingParams
+from agentrl.types import SamplingParams, Trajectory
 
 log = logging.getLogger("agentrl.trainer")
 
@@ -63,6 +63,37 @@ log = logging.getLogger("agentrl.trainer")
 RESUMABLE_CHANGES = frozenset({"steps", "eval_every", "eval", "checkpoint_every", "keep_checkpoints",
                                "max_trajectories", "sandbox", "output_dir", "snapshot", "drift_check",
                                "gc_tune", "report_to", "tracking"})
+
+
+class StepPhases(Protocol):
+    """One training step, in the order it runs. TRL's `trainer.train()` drives the loop; the TRL adapter
+    (trl_adapter/hooks.py) calls each phase from the hook named (steps.TrainingSteps implements them). `s` = optimizer
+    steps done before the step = the weights version the step rolls out with.
+
+        before_training(s)           on_train_begin            table header; at s = 0: baseline eval + snapshot
+        begin_step()                 on_step_begin             the step's clock starts
+        1. sync_weights(s)           rollout_func, first       the engine gets weights version s (no-op if it has
+                                     (and the IS shim's hook)  it: evaluation or a snapshot may have synced it)
+        2. rollout_and_score(s, ids) rollout_func              the step's groups, one per task id, run and scored by
+                                                               the runner (the pipeline), stored; their rewards are
+                                                               echoed to TRL as its one reward function
+        3. advantages                TRL (_generate_and_score_completions)   group-normalised, from those rewards
+        4. update                    TRL (training_step, optimizer.step)     global_step becomes s + 1
+        5. after_update(s + 1)       on_step_end               eval every eval_every steps (syncs the weights)
+        6. record_step(s, update)    on_log                    metrics row, trackers, integrity alarm; True: stop
+        7. checkpoint_saved(s + 1)   on_save                   after TRL saved checkpoint-(s+1) (every
+                                                               checkpoint_every steps): behaviour snapshot
+        after_training(s_last)       on_train_end              the last eval
+    """
+
+    def before_training(self, step: int) -> None: ...
+    def begin_step(self) -> None: ...
+    def sync_weights(self, step: int) -> None: ...
+    def rollout_and_score(self, step: int, task_ids: list[str]) -> list[Trajectory]: ...
+    def after_update(self, step: int) -> None: ...
+    def record_step(self, step: int, update: dict[str, Any]) -> bool: ...
+    def checkpoint_saved(self, step: int) -> None: ...
+    def after_training(self, step: int) -> None: ...
 
 
 class BuiltRun(Protocol):
@@ -131,30 +162,12 @@ def check_resume_config(cfg: TrainConfig) -> None:
                           f"{', '.join(sorted(RESUMABLE_CHANGES))} may change on resume)")
 
 
-def task_dataset(tasks: list[Task], batch_size: int) -> Any:
-    """TRL's dataset: column "prompt" = task id. Repeated so one step's batch fits even with few tasks."""
-    from datasets import Dataset
-
-    if not tasks:
-        raise ConfigError("no tasks selected: check `env`, `tasks` and `task_ids`")
-    ids = [t.id for t in tasks]
-    ids = ids * -(-batch_size // len(ids))
-    return Dataset.from_dict({"prompt": ids})
-
-
 def _weight_sync(cfg: TrainConfig, engine: Any, loop: BackgroundLoop | None) -> WeightSync:  # None: not rank 0
     if cfg.weight_sync == "disk":
         return DiskWeightSync(engine, loop, cfg.output_dir / "weights")
     if cfg.weight_sync == "adapter":
         return AdapterWeightSync(engine, loop, cfg.output_dir / "weights")
     return LocalWeightSync(engine, loop)
-
-
-def _strip_console_callbacks(trainer: Any) -> None:
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    for cb in (PrinterCallback, ProgressCallback):
-        trainer.remove_callback(cb)
 
 
 class Job:
@@ -178,53 +191,40 @@ class Job:
 
     def run(self) -> JobResult:
         """Rank 0 (the only rank of a 1-process job) prepares the output dir, rolls out and writes everything; the
-        other ranks train their slice of each step (dist.py)."""
-        cfg = self.cfg
-        if self.ranks.distributed:
-            self.ranks.start(cfg.device)
-            prepared: list[ResumeState] = []
-            step, checkpoint, self.sampling = self.ranks.share(lambda: self._prepare(prepared))
-            state = prepared[0] if prepared else ResumeState(step, checkpoint)
-            if not self.ranks.is_main:
-                return self._run_follower(state)
-        else:
-            prepared = []
-            self._prepare(prepared)
-            state = prepared[0]
+        other ranks train their slice of each step (dist.py). The order of one step: `StepPhases`."""
+        state = self._prepare_ranks()
+        if not self.ranks.is_main:
+            return self._run_follower(state)
         with BackgroundLoop() as loop, contextlib.ExitStack() as stack:
-            pool_stack = contextlib.AsyncExitStack()
-            loop.run(pool_stack.enter_async_context(self.run_parts.pool))
-            stack.callback(lambda: loop.run(pool_stack.aclose()))
-            lag = loop.run(LoopLag().start())  # how late the runner's loop wakes, per step in metrics.jsonl
-            stack.callback(lambda: loop.run(lag.stop()))
-            scorer = self.run_parts.scorer  # its HTTP clients live on the job's loop
-            stack.callback(lambda: loop.run(scorer.aclose()))
-            store = stack.enter_context(TrajectoryStore(cfg.trajectories_path, resume=True))
-            stack.callback(torch.use_deterministic_algorithms, torch.are_deterministic_algorithms_enabled())
-            self.trackers = self._trackers(state)
-            if self.trackers is not None:
-                stack.callback(self.trackers.close)
-            callback = self._build(loop, store, state, lag)  # deterministic: switches torch's deterministic mode on
+            store, lag = self._open(loop, stack, state)  # pool, loop-lag probe, scorer, store, trackers
+            steps = self._build(loop, store, state, lag)  # the phases, the trainer calling them, the start-up check
+            self._start_heartbeat(loop, stack)
             assert self.rollout_fn is not None
-            if self.heartbeat is not None:  # on the job's loop, which stays free while TRL trains
-                beat = self.heartbeat(self.rollout_fn.scheduler.progress, self.status)
-                loop.run(beat.__aenter__())
-                stack.callback(lambda: loop.run(beat.__aexit__(None, None, None)))
             stack.callback(self.rollout_fn.close)  # before the pool closes: groups running ahead are cancelled
-            self.trainer.train(resume_from_checkpoint=str(state.checkpoint) if state.checkpoint else None)
-        return JobResult(steps_done=int(self.trainer.state.global_step), resumed_from=state.step,
-                         rows=callback.rows, output_dir=cfg.output_dir,
-                         stopped_by=None if callback.stopped_by is None else str(callback.stopped_by))
+            # each step: sync weights -> roll out and score -> advantages -> update -> eval -> metrics -> checkpoint
+            done = trl_adapter.train(self.trainer, state.checkpoint)
+        return JobResult(steps_done=done, resumed_from=state.step, rows=steps.rows, output_dir=self.cfg.output_dir,
+                         stopped_by=None if steps.stopped_by is None else str(steps.stopped_by))
 
     def status(self) -> str:
         """What the job is doing now, for the heartbeat: the step and its phase (waiting for the step's rollout,
         TRL's training step, an evaluation or a snapshot)."""
-        step = int(self.trainer.state.global_step) if self.trainer is not None else 0
+        step = trl_adapter.global_step(self.trainer) if self.trainer is not None else 0
         where = f"step {min(step + 1, self.cfg.steps)}/{self.cfg.steps}"
         if self.phase is not None:
             return f"{where}, {self.phase}"
         waiting = self.rollout_fn is not None and self.rollout_fn.waiting_step is not None
         return f"{where}, {'rollout (the trainer waits)' if waiting else 'training'}"
+
+    def _prepare_ranks(self) -> ResumeState:
+        """Rank 0 prepares the output dir (and the resume); the other ranks get its step, checkpoint and sampling."""
+        prepared: list[ResumeState] = []
+        if not self.ranks.distributed:
+            self._prepare(prepared)
+            return prepared[0]
+        self.ranks.start(self.cfg.device)
+        step, checkpoint, self.sampling = self.ranks.share(lambda: self._prepare(prepared))
+        return prepared[0] if prepared else ResumeState(step, checkpoint)
 
     def _prepare(self, out: list[ResumeState]) -> tuple[int, Path | None, SamplingParams]:
         """Rank 0: guard the output dir, cut it back to its last checkpoint on resume, write config.json."""
@@ -239,6 +239,34 @@ class Job:
         (cfg.output_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
         out.append(state)
         return state.step, state.checkpoint, self.sampling
+
+    def _open(self, loop: BackgroundLoop, stack: contextlib.ExitStack, state: ResumeState
+              ) -> tuple[TrajectoryStore, LoopLag]:
+        """What rank 0's steps run on, closed by `stack` in reverse order: the sandbox pool, the loop-lag probe, the
+        scorer's clients (on the job's loop), the trajectory store, torch's deterministic mode (restored), the
+        experiment trackers."""
+        pool_stack = contextlib.AsyncExitStack()
+        loop.run(pool_stack.enter_async_context(self.run_parts.pool))
+        stack.callback(lambda: loop.run(pool_stack.aclose()))
+        lag = loop.run(LoopLag().start())  # how late the runner's loop wakes, per step in metrics.jsonl
+        stack.callback(lambda: loop.run(lag.stop()))
+        scorer = self.run_parts.scorer  # its HTTP clients live on the job's loop
+        stack.callback(lambda: loop.run(scorer.aclose()))
+        store = stack.enter_context(TrajectoryStore(self.cfg.trajectories_path, resume=True))
+        stack.callback(torch.use_deterministic_algorithms, torch.are_deterministic_algorithms_enabled())
+        self.trackers = self._trackers(state)
+        if self.trackers is not None:
+            stack.callback(self.trackers.close)
+        return store, lag
+
+    def _start_heartbeat(self, loop: BackgroundLoop, stack: contextlib.ExitStack) -> None:
+        """The heartbeat on the job's loop, which stays free while TRL trains."""
+        if self.heartbeat is None:
+            return
+        assert self.rollout_fn is not None
+        beat = self.heartbeat(self.rollout_fn.scheduler.progress, self.status)
+        loop.run(beat.__aenter__())
+        stack.callback(lambda: loop.run(beat.__aexit__(None, None, None)))
 
     def _trackers(self, state: ResumeState) -> TrackerSet | None:
         """Rank 0's experiment trackers; a resumed run reopens the tracker runs recorded in trackers.json."""
@@ -258,38 +286,27 @@ class Job:
     def _run_follower(self, state: ResumeState) -> JobResult:
         """A rank other than 0: no pool, store or metrics; the same trainer, fed its slice by rank 0."""
         cfg = self.cfg
-        rollout_fn = FollowerRollout(ranks=self.ranks, weight_sync=_weight_sync(cfg, None, None))
+        rollout_fn = FollowerRollout(weight_sync=_weight_sync(cfg, None, None))
         self.rollout_fn = rollout_fn  # type: ignore[assignment]
         sync = functools.partial(_sync_between_steps, self, rollout_fn)  # rank 0's evaluation syncs collectively
-        callback = StepCallback(rollout_fn, None, total_steps=cfg.steps, echo=_silent,  # type: ignore[arg-type]
-                                eval_every=cfg.eval_every if self.parts.eval_tasks else 0, run_eval=sync,
-                                snapshot_every=cfg.snapshot.every if self.parts.snapshot_tasks else 0,
-                                run_snapshot=sync)
+        steps = TrainingSteps(rollout_fn, None, total_steps=cfg.steps, echo=_silent,
+                              eval_every=cfg.eval_every if self.parts.eval_tasks else 0, run_eval=sync,
+                              snapshot_every=cfg.snapshot.every if self.parts.snapshot_tasks else 0,
+                              run_snapshot=sync)
         with contextlib.ExitStack() as stack:
             stack.callback(torch.use_deterministic_algorithms, torch.are_deterministic_algorithms_enabled())
-            self.trainer = self._trainer(rollout_fn, [callback, RankStop(self.ranks)])
-            self.trainer.train(resume_from_checkpoint=str(state.checkpoint) if state.checkpoint else None)
-        return JobResult(steps_done=int(self.trainer.state.global_step), resumed_from=state.step, rows=[],
-                         output_dir=cfg.output_dir, is_main=False)
+            self.trainer = self._trainer(steps, end_id=None)
+            done = trl_adapter.train(self.trainer, state.checkpoint)
+        return JobResult(steps_done=done, resumed_from=state.step, rows=[], output_dir=cfg.output_dir,
+                         is_main=False)
 
-    def _trainer(self, rollout_fn: Any, callbacks: list[Any]) -> Any:
-        """The TRL trainer of this rank (every rank builds the same one from the same seed)."""
-        cfg, run = self.cfg, self.run_parts
-        if cfg.deterministic:  # before the policy is built: a LoRA adapter's initialisation draws from torch's RNG
-            from transformers import enable_full_determinism
-
-            enable_full_determinism(cfg.seed)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*rollout_func.*experimental")
-            trainer = AgentGRPOTrainer(
-                model=load_policy(run.model_path, cfg), reward_funcs=[env_reward],
-                args=grpo_config(cfg, self.sampling, self.ranks.world),
-                train_dataset=task_dataset(run.tasks, cfg.batch_size), processing_class=run.tokenizer,
-                peft_config=peft_config(cfg), rollout_func=rollout_fn, callbacks=callbacks)
-        _strip_console_callbacks(trainer)
-        trainer.measure_mismatch = cfg.mismatch_metrics
-        if cfg.importance_correction:
-            enable_importance_sampling(trainer, cfg.importance_sampling, rollout_fn.maybe_sync)
+    def _trainer(self, steps: TrainingSteps, *, end_id: int | None) -> Any:
+        """The trainer of this rank (every rank builds the same one from the same seed), calling `steps`."""
+        run = self.run_parts
+        trainer = trl_adapter.build_trainer(self.cfg, steps, model_path=run.model_path, tokenizer=run.tokenizer,
+                                            tasks=run.tasks, sampling=self.sampling, ranks=self.ranks,
+                                            end_id=end_id)
+        steps.trainer = trainer
         return trainer
 
     def _announce(self, state: ResumeState) -> None:
@@ -305,7 +322,9 @@ class Job:
                                                     if state.reuse else ""))
 
     def _build(self, loop: BackgroundLoop, store: TrajectoryStore, state: ResumeState,
-               lag: LoopLag | None = None) -> StepCallback:
+               lag: LoopLag | None = None) -> TrainingSteps:
+        """Rank 0's step phases over the rollout pipeline, and the trainer that calls them (deterministic jobs:
+        building it switches torch's deterministic mode on); then the start-up check."""
         cfg, parts, run = self.cfg, self.parts, self.run_parts
         scheduler = run.scheduler()
         end_id = int(run.engine.eos_token_ids[0])
@@ -314,28 +333,28 @@ class Job:
             oversample=cfg.rollout.oversample, last_step=cfg.steps - 1), start_step=state.step)
         rollout_fn = AgentRollout(pipeline=pipeline, store=store, loop=loop,
                                   weight_sync=_weight_sync(cfg, run.engine, loop), group_size=cfg.group_size,
-                                  end_id=end_id, reuse=state.reuse, ranks=self.ranks,
-                                  dynamic=_dynamic_sampler(cfg, scheduler, run))
+                                  reuse=state.reuse, dynamic=_dynamic_sampler(cfg, scheduler, run))
         self.rollout_fn = rollout_fn
-        callback = StepCallback(rollout_fn, MetricsWriter(cfg.metrics_path), total_steps=cfg.steps,
-                                echo=self.echo, eval_every=cfg.eval_every if parts.eval_tasks else 0,
-                                run_eval=lambda step: self._evaluate(loop, rollout_fn, step),
-                                snapshot_every=cfg.snapshot.every if parts.snapshot_tasks else 0,
-                                run_snapshot=lambda step: self._snapshot(loop, rollout_fn, step),
-                                gc_monitor=parts.gc_monitor, loop_lag=lag, integrity_options=cfg.integrity,
-                                trackers=self.trackers)
-        self.trainer = self._trainer(rollout_fn, [callback, RankStop(self.ranks)] if self.ranks.distributed
-                                     else [callback])
+        steps = TrainingSteps(rollout_fn, MetricsWriter(cfg.metrics_path), total_steps=cfg.steps,
+                              echo=self.echo, eval_every=cfg.eval_every if parts.eval_tasks else 0,
+                              run_eval=lambda step: self._evaluate(loop, rollout_fn, step),
+                              snapshot_every=cfg.snapshot.every if parts.snapshot_tasks else 0,
+                              run_snapshot=lambda step: self._snapshot(loop, rollout_fn, step),
+                              gc_monitor=parts.gc_monitor, loop_lag=lag, integrity_options=cfg.integrity,
+                              trackers=self.trackers)
+        self.trainer = self._trainer(steps, end_id=end_id)
         if not pipeline.config.synchronous:
             done = state.kept_trajectories + [t for ts in state.reuse.values() for t in ts]
-            pipeline.stream = TaskStream(sampler_order(self.trainer, cfg.group_size), skip=consumed_slots(done))
-        check_startup(engine=run.engine, trainer=self.trainer, runner_tokenizer=run.renderer.tok,
-                      sampling=self.sampling, max_completion_tokens=cfg.budgets.max_completion_tokens)
-        return callback
+            pipeline.stream = TaskStream(trl_adapter.sampler_order(self.trainer, cfg.group_size),
+                                         skip=consumed_slots(done))
+        check_startup(engine=run.engine, trainer=self.trainer, generation=trl_adapter.generation_settings(self.trainer),
+                      runner_tokenizer=run.renderer.tok, sampling=self.sampling,
+                      max_completion_tokens=cfg.budgets.max_completion_tokens)
+        return steps
 
     def _evaluate(self, loop: BackgroundLoop, rollout_fn: AgentRollout, step: int) -> None:
         """Evaluate the current weights (synced to the engine first) on the fixed eval task set."""
-        rollout_fn.maybe_sync(self.trainer, account=False)
+        rollout_fn.maybe_sync(self.trainer, step, account=False)
         out = self.cfg.output_dir / "eval"
         self.phase = f"evaluating step-{step}"
         try:
@@ -363,7 +382,7 @@ class Job:
 
     def _snapshot(self, loop: BackgroundLoop, rollout_fn: AgentRollout, step: int) -> None:
         """Roll out the fixed snapshot task set with the current weights (synced first); append the rows."""
-        rollout_fn.maybe_sync(self.trainer, account=False)
+        rollout_fn.maybe_sync(self.trainer, step, account=False)
         cfg = self.cfg
         self.phase = f"snapshot step-{step}"
         try:
@@ -388,7 +407,7 @@ def _silent(line: str) -> None:
 
 def _sync_between_steps(job: Job, rollout_fn: FollowerRollout, step: int) -> None:
     """A follower's side of rank 0's sync before evaluation or a snapshot (collective when the model is sharded)."""
-    rollout_fn.maybe_sync(job.trainer, account=False)
+    rollout_fn.maybe_sync(job.trainer, step, account=False)
 
 
 def _fmt(x: float | None) -> str:

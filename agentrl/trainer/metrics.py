@@ -1,7 +1,8 @@
 """Per-step training metrics: `metrics.jsonl` (one JSON object per step) and the per-step log line / table.
 
 Owns the metric names and how they are computed: rollout numbers from the step's stored trajectories
-(`agentrl.store.summarize`, so they agree with `agentrl stats`), optimisation numbers from TRL's log of that step,
+(`agentrl.store.summarize`, so they agree with `agentrl stats`), optimisation numbers from the update of that step
+(the TRL adapter translates TRL's log into `UPDATE_KEYS`),
 the step's wall time split into rollout / train / sync, and the pipeline's numbers (trainer_wait_s: the trainer
 blocked waiting for the step's groups; engine_idle_s: no trajectory of ours in flight; staleness = train_step -
 dispatch_version; groups dropped as too stale, cut by over-sampling, carried; IS ratio mean and clipped fraction
@@ -11,7 +12,7 @@ row (null when the job was built without a monitor); `time_loop_lag_p99_s` / `ti
 runner's event loop woke over the same window (agentrl.runner.lag; null without a probe). `integrity_<signal>_frac`:
 the fraction of the step's scored trajectories that carry that integrity signal (agentrl.runner.integrity), and
 `integrity_flagged_frac` the fraction carrying any; `integrity_<signal>_alarm` 1 when that signal's alarm rang at the
-step (callbacks.py). `pass_at_g`: the fraction of groups with at least one passing trajectory; `tokens_per_s`: the
+step (steps.py). `pass_at_g`: the fraction of groups with at least one passing trajectory; `tokens_per_s`: the
 step's model tokens over the engine time that generated them. `mismatch_logprob_abs_mean` /
 `mismatch_logprob_abs_max` / `mismatch_kl`: the engine's sampling logprobs against the trainer's recomputation over the
 step's trained model
@@ -32,21 +33,16 @@ from agentrl.runner import integrity
 from agentrl.store import summarize
 from agentrl.types import Trajectory
 
-# train-inference mismatch (mismatch.py): metrics.jsonl key -> the key AgentGRPOTrainer logs it under in TRL's logs
-MISMATCH_LOG_KEYS = {
-    "mismatch_logprob_abs_mean": "mismatch/logprob_abs_mean",
-    "mismatch_logprob_abs_max": "mismatch/logprob_abs_max",
-    "mismatch_kl": "mismatch/kl_k3",
-}
-MISMATCH_KEYS = tuple(MISMATCH_LOG_KEYS)
+# train-inference mismatch (mismatch.py)
+MISMATCH_KEYS = ("mismatch_logprob_abs_mean", "mismatch_logprob_abs_max", "mismatch_kl")
+# the optimisation numbers of one update, as the trainer reports them (trl_adapter.update_numbers: TRL's log names)
+UPDATE_KEYS = ("kl", "loss", "grad_norm", "learning_rate", "entropy", "clip_ratio", "is_ratio_mean",
+               "is_ratio_clipped_frac", "sampling_logp_diff_mean", *MISMATCH_KEYS)
 METRIC_KEYS = ("step", "reward_mean", "reward_std", "frac_zero_std_groups", "pass_rate", "mean_turns", "tool_errors",
                "truncation_rate", "completion_len_mean", "kl", "loss", "time_rollout_s", "time_train_s",
                "time_sync_s", "trainer_wait_s", "engine_idle_s", "staleness_mean", "staleness_max",
                "groups_dropped_stale", "is_ratio_mean", "is_ratio_clipped_frac", "time_gc_s", "time_gc_max_pause_s",
                "time_loop_lag_p99_s", "time_loop_lag_max_s", *MISMATCH_KEYS)
-
-
-IS_CLIPPED_KEY = "sampling/importance_sampling_ratio/clipped_frac"  # logged by AgentGRPOTrainer
 
 
 TIMING_SUFFIXES = ("_wait_s", "_idle_s", "_per_s")
@@ -58,8 +54,8 @@ def is_timing(key: str) -> bool:
     return key.startswith("time_") or key.endswith(TIMING_SUFFIXES)
 
 
-def _opt(logs: dict[str, Any], key: str) -> float | None:
-    value = logs.get(key)
+def _opt(update: dict[str, Any], key: str) -> float | None:
+    value = update.get(key)
     return None if value is None else float(value)
 
 
@@ -69,10 +65,12 @@ def staleness(trajectories: list[Trajectory]) -> list[int]:
             if t.train_step is not None and t.dispatch_version is not None]
 
 
-def step_metrics(step: int, trajectories: list[Trajectory], logs: dict[str, Any], *, rollout_s: float,
+def step_metrics(step: int, trajectories: list[Trajectory], update: dict[str, Any], *, rollout_s: float,
                  train_s: float, sync_s: float, reused: bool = False, engine_idle_s: float = 0.0,
                  pipeline: dict[str, int] | None = None, gc: dict[str, float] | None = None,
                  lag: dict[str, float | None] | None = None) -> dict[str, Any]:
+    """The metrics row of step `step`: its trajectories, its `update` (UPDATE_KEYS; missing ones are null), its
+    timing, pipeline counters, collector cost and loop lag."""
     s = summarize(trajectories)
     stale = staleness(trajectories)
     pipe = pipeline or {}
@@ -89,8 +87,8 @@ def step_metrics(step: int, trajectories: list[Trajectory], logs: dict[str, Any]
         "tool_errors": int(s["tool_errors"]),
         "truncation_rate": s["truncations"] / n,
         "completion_len_mean": s["completion_len_mean"],
-        "kl": _opt(logs, "kl"),
-        "loss": _opt(logs, "loss"),
+        "kl": _opt(update, "kl"),
+        "loss": _opt(update, "loss"),
         "time_rollout_s": round(rollout_s, 4),
         "time_train_s": round(train_s, 4),
         "time_sync_s": round(sync_s, 4),
@@ -117,14 +115,14 @@ def step_metrics(step: int, trajectories: list[Trajectory], logs: dict[str, Any]
         "policy_errors": int(s["policy_errors"]),
         "model_tokens": int(s["tokens_generated"]),
         "tokens_per_s": round(s["tokens_per_s_engine"], 2),
-        "grad_norm": _opt(logs, "grad_norm"),
-        "learning_rate": _opt(logs, "learning_rate"),
-        "entropy": _opt(logs, "entropy"),
-        "clip_ratio": _opt(logs, "clip_ratio/region_mean"),
-        "is_ratio_mean": _opt(logs, "sampling/importance_sampling_ratio/mean"),
-        "is_ratio_clipped_frac": _opt(logs, IS_CLIPPED_KEY),
-        "sampling_logp_diff_mean": _opt(logs, "sampling/sampling_logp_difference/mean"),
-        **{key: _opt(logs, log_key) for key, log_key in MISMATCH_LOG_KEYS.items()},
+        "grad_norm": _opt(update, "grad_norm"),
+        "learning_rate": _opt(update, "learning_rate"),
+        "entropy": _opt(update, "entropy"),
+        "clip_ratio": _opt(update, "clip_ratio"),
+        "is_ratio_mean": _opt(update, "is_ratio_mean"),
+        "is_ratio_clipped_frac": _opt(update, "is_ratio_clipped_frac"),
+        "sampling_logp_diff_mean": _opt(update, "sampling_logp_diff_mean"),
+        **{key: _opt(update, key) for key in MISMATCH_KEYS},
         "weight_versions": versions,
         "reused_rollout": reused,
         "integrity_flagged_frac": round(integrity.flagged_frac(trajectories), 4),

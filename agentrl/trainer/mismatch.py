@@ -1,6 +1,6 @@
 """Train-inference mismatch: the engine's sampling logprobs against the trainer's recomputation of the same tokens.
 
-Owns the three per-step numbers and how they are computed (`AgentGRPOTrainer` in grpo.py feeds them the tensors
+Owns the three per-step numbers and how they are computed (`AgentGRPOTrainer` in the TRL adapter feeds them the tensors
 TRL already has; metrics.py writes them to metrics.jsonl):
 
     mismatch_logprob_abs_mean   mean |logp_trainer - logp_engine| over the step's trained model tokens (nats)
@@ -13,15 +13,15 @@ no tool/env tokens, no padding, no truncated completions when `mask_truncated_co
 finite. The difference is taken in float64. With several ranks each rank sends its (tokens, sum, max, k3 sum) and
 the step's numbers are those of the union, exactly as if one rank had held every token.
 
-Does not own where the trainer's logprobs come from (grpo.py: TRL's `old_per_token_logps` when its IS path computed
-them, else one extra no-grad forward pass).
+Does not own where the trainer's logprobs come from (trl_adapter/trainer.py: TRL's `old_per_token_logps` when its
+IS path computed them, else one extra no-grad forward pass).
 """
 
 from __future__ import annotations
 
 import torch
 
-from agentrl.trainer.metrics import MISMATCH_LOG_KEYS as LOG_KEYS
+from agentrl.trainer.metrics import MISMATCH_KEYS
 
 
 def partial_sums(trainer_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -42,7 +42,7 @@ def reduce_sums(sums: torch.Tensor) -> dict[str, float | None]:
     sums = sums.reshape(-1, 4).to(torch.float64)
     tokens = float(sums[:, 0].sum())
     if tokens == 0:
-        return dict.fromkeys(LOG_KEYS)
+        return dict.fromkeys(MISMATCH_KEYS)
     return {
         "mismatch_logprob_abs_mean": float(sums[:, 1].sum()) / tokens,
         "mismatch_logprob_abs_max": float(sums[:, 2].max()),

@@ -9,7 +9,8 @@ Two modes, chosen by the config:
     synchronous  max_staleness 0 and oversample 1: step t starts exactly the groups of TRL's prompts for step t with
                  weights version t, waits for all of them and returns them in prompt order. This is the run the
                  trainer did before pipelining, through the same scheduler path (regression-tested).
-    pipelined    the task order is a `TaskStream` (TRL's own resume-stable sampler order, replicated), cut into
+    pipelined    the task order is a `TaskStream` (the trainer's own resume-stable sampler order, replicated by the
+                 TRL adapter's `sampler_order`), cut into
                  slots (one slot = one group). At step t (weights version t, already synced):
                    1. groups whose dispatch version is older than t - k are dropped (cancelled if still running)
                       and counted: never trained on silently; their slots are re-issued;
@@ -279,18 +280,6 @@ class RolloutPipeline:
     def _tag(g: _Group, step: int) -> list[Trajectory]:
         return [t.model_copy(update={"dispatch_version": g.version, "train_step": step, "step": step,
                                      "meta": {**t.meta, SLOT_KEY: g.slot}}) for t in g.handle.result()]
-
-
-def sampler_order(trainer: object, group_size: int) -> Callable[[int], list[str]]:
-    """Epoch -> task ids in the order TRL's (resume-stable) train sampler draws them, one per group."""
-    sampler = trainer._get_train_sampler()  # type: ignore[attr-defined]
-    prompts = list(trainer.train_dataset["prompt"])  # type: ignore[attr-defined]
-
-    def order(epoch: int) -> list[str]:
-        sampler.set_epoch(epoch)
-        return [str(prompts[i]) for i in list(sampler)[::group_size]]
-
-    return order
 
 
 def consumed_slots(trajectories: list[Trajectory]) -> set[int]:

@@ -29,11 +29,11 @@ from trainer_toys import PrintNumberEnv, cached_taught_model
 from agentrl.cli.train import add_train_commands, run_eval, run_train
 from agentrl.errors import ConfigError
 from agentrl.store import read_trajectories
-from agentrl.trainer import grpo
-from agentrl.trainer.checks import generation_mismatches, model_mismatches, tokenizer_mismatches
+from agentrl.trainer.checks import TrainerGeneration, generation_mismatches, model_mismatches, tokenizer_mismatches
 from agentrl.trainer.config import TrainConfig
-from agentrl.trainer.grpo import AgentGRPOTrainer
 from agentrl.trainer.metrics import METRIC_KEYS, read_metrics
+from agentrl.trainer.trl_adapter import trainer as grpo
+from agentrl.trainer.trl_adapter.trainer import AgentGRPOTrainer
 from agentrl.trainer.weight_sync import LocalWeightSync
 from agentrl.types import SamplingParams, Status
 
@@ -292,9 +292,9 @@ def test_mismatch_shows_corrupted_logprobs_and_tis_caps_them(taught_model: Path,
     """The engine's logprobs as TRL gets them are 1 nat too low at every model token (a far-off engine): the
     mismatch metrics say so (|r| = 1, k3 = e - 2), and truncated IS with cap 2 multiplies every trained token's loss
     by exactly 2 (e^1 clamped to 2), so the loss is twice the uncorrected one."""
-    from agentrl.trainer import rollout_func
+    from agentrl.trainer.trl_adapter import hooks
 
-    to_trl = rollout_func.to_trl_batch
+    to_trl = hooks.to_trl_batch
 
     def corrupted(trajectories: Any, end_id: int) -> dict[str, Any]:
         batch = to_trl(trajectories, end_id)
@@ -314,7 +314,7 @@ def test_mismatch_shows_corrupted_logprobs_and_tis_caps_them(taught_model: Path,
         losses.append((float(result.detach()), float(plain), ratio[trained]))
         return result
 
-    monkeypatch.setattr(rollout_func, "to_trl_batch", corrupted)
+    monkeypatch.setattr(hooks, "to_trl_batch", corrupted)
     monkeypatch.setattr(AgentGRPOTrainer, "_compute_loss", loss)
     # 8 groups of 4: a group's 4 samples all scored alike (zero advantages: the 0-std column) in 25-50% of groups,
     # so a single group failed the "proves nothing" check below about 1 run in 3 (the stop 36 test had 1 group);
@@ -457,8 +457,8 @@ def test_startup_check_names_mismatches(taught_model: Path, smollm2_path: Path, 
     assert any("chat_template" in p for p in tokenizer_mismatches(tok, changed, None))
     assert tokenizer_mismatches(tok, AutoTokenizer.from_pretrained(taught_model), None) == []
 
-    trainer = argparse.Namespace(args=argparse.Namespace(temperature=0.7, top_p=1.0, top_k=0, max_completion_length=80),
-                                 eos_token_ids=[2], processing_class=tok)
+    trainer = TrainerGeneration(temperature=0.7, top_p=1.0, top_k=0, max_completion_tokens=80,
+                                end_ids=sorted({2, tok.pad_token_id}))
     sampling = SamplingParams(temperature=1.0, stop_token_ids=[2, 7])
     problems = generation_mismatches(sampling, [2], trainer, 80)
     assert any("temperature is 1.0 for rollouts but 0.7" in p for p in problems)

@@ -28,9 +28,10 @@ from typing import Any
 import pytest
 
 from agentrl.cli.train import run_train
-from agentrl.trainer import rollout_func, weight_sync
+from agentrl.trainer import weight_sync
 from agentrl.trainer.config import TrainConfig
 from agentrl.trainer.metrics import read_metrics
+from agentrl.trainer.trl_adapter import hooks
 
 STEPS, LAST, MIN_RISE = 2, 1, 0.4
 TIMEOUT_S = 1800  # per case: 2-4 min at load 2-3, 38 min at load up to 64 (the shared machine)
@@ -70,13 +71,13 @@ def test_pass_rate_rises_on_tool_calc(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S)
 def test_inverted_tool_mask_does_not_learn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = rollout_func.trl_row
+    real = hooks.trl_row
 
     def inverted(traj: Any, end_id: int) -> tuple[list[int], list[float], list[int]]:
         ids, logprobs, mask = real(traj, end_id)
         return ids, logprobs, [1 - m for m in mask]
 
-    monkeypatch.setattr(rollout_func, "trl_row", inverted)
+    monkeypatch.setattr(hooks, "trl_row", inverted)
     rise, passes = _run(tmp_path, "inverted-mask")
     assert rise < MIN_RISE, f"the check passed with the tool-token mask inverted: {passes}"
 

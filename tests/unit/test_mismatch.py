@@ -13,7 +13,7 @@ import torch
 from agentrl.config import load_config
 from agentrl.errors import ConfigError
 from agentrl.trainer.config import TrainConfig
-from agentrl.trainer.metrics import MISMATCH_KEYS, MISMATCH_LOG_KEYS, step_metrics, table_header, table_row
+from agentrl.trainer.metrics import MISMATCH_KEYS, step_metrics, table_header, table_row
 from agentrl.trainer.mismatch import partial_sums, reduce_sums, step_mismatch
 
 # two completions, right-padded: row 0 = model, model, tool, model; row 1 = model, model, padding, padding
@@ -62,10 +62,9 @@ def test_float32_inputs_are_differenced_in_float64() -> None:
 
 
 def test_row_and_table_carry_the_mismatch() -> None:
-    logs: dict[str, Any] = {"loss": 0.5, MISMATCH_LOG_KEYS["mismatch_logprob_abs_mean"]: 0.0125,
-                            MISMATCH_LOG_KEYS["mismatch_logprob_abs_max"]: 0.375,
-                            MISMATCH_LOG_KEYS["mismatch_kl"]: 1e-4}
-    row = step_metrics(3, [], logs, rollout_s=1.0, train_s=1.0, sync_s=0.0)
+    update: dict[str, Any] = {"loss": 0.5, "mismatch_logprob_abs_mean": 0.0125, "mismatch_logprob_abs_max": 0.375,
+                              "mismatch_kl": 1e-4}
+    row = step_metrics(3, [], update, rollout_s=1.0, train_s=1.0, sync_s=0.0)
     assert (row["mismatch_logprob_abs_mean"], row["mismatch_logprob_abs_max"], row["mismatch_kl"]) == (0.0125, 0.375,
                                                                                                        1e-4)
     assert "|dlogp|" in table_header() and table_row(row).split()[-2:] == ["1.3e-02", "3.8e-01"]

@@ -15,10 +15,10 @@ from agentrl.config import load_config
 from agentrl.errors import ConfigError
 from agentrl.trainer.config import TrainConfig
 from agentrl.trainer.eval import diff_evals, format_diff, task_scores
-from agentrl.trainer.grpo import EpochRepeatSampler, grpo_config
 from agentrl.trainer.loop import BackgroundLoop
 from agentrl.trainer.resume import prepare_resume, split_store
-from agentrl.trainer.rollout_func import env_reward, group_blocks, to_trl_batch
+from agentrl.trainer.trl_adapter.hooks import env_reward, group_blocks, to_trl_batch
+from agentrl.trainer.trl_adapter.trainer import EpochRepeatSampler, grpo_config
 from agentrl.types import SamplingParams, Status, Trajectory, Turn
 
 

@@ -1,7 +1,5 @@
-"""The TRL side: `TrainConfig` -> `GRPOConfig`, the `GRPOTrainer` subclass, LoRA, and the importance-sampling shim.
-
-Owns every place where agentrl touches TRL 1.16 names. Does not own rollouts (`rollout_func.py`) or the job
-(`job.py`).
+"""The GRPOTrainer subclass, `TrainConfig` -> `GRPOConfig`, LoRA, the resume-stable sampler and the
+importance-sampling shim. Part of the TRL adapter (this package's `__init__` lists every TRL internal it touches).
 
 Mapping (one SamplingParams for rollouts, evaluation and training): temperature / top_p / top_k -> GRPOConfig's
 fields of the same name (top_k 0 = off in both; TRL recomputes logprobs with the same temperature, so they match
@@ -12,7 +10,7 @@ steps_per_generation = gradient_accumulation_steps, so rollout_func is called on
 batch*group prompts (with N ranks: per_device = micro_batch, accumulation = batch*group/(micro_batch*N), and each
 rank's rollout_func gets its batch*group/N prompts; dist.py).
 
-Importance-sampling shim (docs/training.md, Off-policy correction): TRL 1.16 computes the IS ratio between the trainer's
+Importance-sampling shim (docs/training.md, Off-policy correction): TRL computes the IS ratio between the trainer's
 logprobs and the sampling logprobs only when `use_vllm` is on. `enable_importance_sampling` flips the trainer's
 attributes after construction (never `args.use_vllm`, which would start vLLM) and installs an object with
 `sync_weights()` as `vllm_generation`, which TRL then calls whenever `global_step` changed. It relies on private
@@ -30,7 +28,6 @@ import torch
 from agentrl.errors import ConfigError
 from agentrl.trainer import mismatch
 from agentrl.trainer.config import ImportanceSampling, TrainConfig
-from agentrl.trainer.metrics import IS_CLIPPED_KEY
 from agentrl.types import SamplingParams
 
 try:
@@ -150,11 +147,19 @@ def clipped_fraction(ratio: Any, mask: Any, mode: str, clip_min: float | None, c
     return float(clipped[mask].float().mean()) if mask.any() else 0.0
 
 
+IS_CLIPPED_KEY = "sampling/importance_sampling_ratio/clipped_frac"  # logged by AgentGRPOTrainer
+MISMATCH_LOG_KEYS = {  # metrics.jsonl key -> the key AgentGRPOTrainer logs it under in TRL's logs (mismatch.py)
+    "mismatch_logprob_abs_mean": "mismatch/logprob_abs_mean",
+    "mismatch_logprob_abs_max": "mismatch/logprob_abs_max",
+    "mismatch_kl": "mismatch/kl_k3",
+}
+
+
 class AgentGRPOTrainer(GRPOTrainer):
     """GRPOTrainer with a resume-stable data order, the IS clipped fraction and the train-inference mismatch
     (mismatch.py) logged. Everything else is TRL's."""
 
-    measure_mismatch = True  # job.py sets TrainConfig.mismatch_metrics; off: no extra forward pass when IS is off
+    measure_mismatch = True  # build_trainer sets TrainConfig.mismatch_metrics; off: no extra forward when IS is off
 
     def _generate_and_score_completions(self, inputs: Any) -> Any:
         out = super()._generate_and_score_completions(inputs)
@@ -179,7 +184,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         sums = mismatch.partial_sums(trainer_logps, out["sampling_per_token_logps"], mask)
         for key, value in mismatch.reduce_sums(self.accelerator.gather(sums.unsqueeze(0))).items():
             if value is not None:
-                self._metrics[mode][mismatch.LOG_KEYS[key]].append(value)
+                self._metrics[mode][MISMATCH_LOG_KEYS[key]].append(value)
 
     def _recompute_logps(self, out: Any, mode: str) -> Any:
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
@@ -235,11 +240,12 @@ class _SyncHook:
         self._sync = sync
 
     def sync_weights(self) -> None:
-        self._sync(self._trainer)
+        self._sync(int(self._trainer.state.global_step))
 
 
 def enable_importance_sampling(trainer: Any, options: ImportanceSampling, sync: Any) -> None:
-    """Switch on TRL's IS correction for a rollout_func trainer; `sync(trainer)` syncs the engine's weights."""
+    """Switch on TRL's IS correction for a rollout_func trainer; `sync(step)` gives the engine weights version
+    `step` (the job's `sync_weights` phase)."""
     check_importance_sampling_support()
     trainer.use_vllm = True
     trainer.vllm_importance_sampling_correction = True

@@ -1,19 +1,17 @@
-"""The transformers `TrainerCallback` of a job: per-step metrics line + table row, and evaluation every K steps.
+"""The job's step phases (`StepPhases` in job.py): what agentrl does in each phase of a training step.
 
-Owns the timing of a step (on_step_begin .. on_step_end, minus the rollout and weight-sync time the rollout function
-measured = train time; evaluation and checkpoint saving are outside the step) and when evaluation runs: before the
+Owns the timing of a step (begin_step .. after_update, minus the rollout and weight-sync time the rollout measured =
+train time; evaluation and checkpoint saving are outside the step), the step's metrics row (metrics.jsonl, the table
+line, the experiment trackers of `report_to` on rank 0) and integrity alarm, and when evaluation runs: before the
 first step (the baseline, "step-0"), after every `eval_every` optimizer steps, and after the last step; and when
 behaviour snapshots run: before the first step and right after each saved checkpoint whose step is a multiple of
 `snapshot_every` (so their rollouts go into that checkpoint's directory).
 
-With `report_to`, rank 0 forwards each step's row (exactly what metrics.jsonl gets) and the step's trajectories to the
-experiment trackers (agentrl.trainer.trackers).
+Does not own which trainer hook calls which phase (the TRL adapter, `trl_adapter/hooks.py`), rolling out
+(`rollouts.py`), evaluating or snapshotting (job.py hands them in as `run_eval` / `run_snapshot`).
 
-Ranks other than 0 run the same callback without a writer (their rollout function records no steps) so that they
-join rank 0's weight sync before evaluation and snapshots; `RankStop` carries rank 0's stop to them.
-
-Callback order within one optimizer step (transformers 5): on_step_begin -> [rollout_func, forward/backward,
-optimizer.step] -> on_step_end (global_step already incremented) -> on_log (TRL's averaged logs) -> save.
+Ranks other than 0 run the same phases without a writer (their rollout records no steps) so that they join rank 0's
+weight sync before evaluation and snapshots; the adapter carries rank 0's stop to them.
 """
 
 from __future__ import annotations
@@ -23,23 +21,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from transformers import TrainerCallback
-
 from agentrl.runner import integrity
-from agentrl.trainer.dist import Ranks
 from agentrl.trainer.metrics import MetricsWriter, step_metrics, table_header, table_row
-from agentrl.trainer.rollout_func import AgentRollout
+from agentrl.trainer.rollouts import AgentRollout, FollowerRollout
+from agentrl.types import Trajectory
 
 log = logging.getLogger("agentrl.integrity")
 
 
-class StepCallback(TrainerCallback):
-    def __init__(self, rollout: AgentRollout, writer: MetricsWriter | None, *, total_steps: int,
+class TrainingSteps:
+    """Implements job.StepPhases; the methods below are in the order one step runs them."""
+
+    def __init__(self, rollout: AgentRollout | FollowerRollout, writer: MetricsWriter | None, *, total_steps: int,
                  echo: Callable[[str], None] = print, eval_every: int = 0,
                  run_eval: Callable[[int], None] | None = None, snapshot_every: int = 0,
                  run_snapshot: Callable[[int], None] | None = None, gc_monitor: Any = None,
                  loop_lag: Any = None, integrity_options: Any = None, trackers: Any = None) -> None:
         self.rollout = rollout
+        self.trainer: Any = None  # the trainer whose weights are synced; set once it is built
         self.writer = writer
         self.total_steps = total_steps
         self.echo = echo
@@ -59,46 +58,36 @@ class StepCallback(TrainerCallback):
         self._t0 = 0.0
         self._t_end = 0.0
 
-    def _eval(self, step: int) -> None:
-        if self.run_eval is not None and self.eval_every and step not in self.evaluated:
-            self.evaluated.add(step)
-            self.run_eval(step)
-
-    def _snapshot(self, step: int) -> None:
-        if self.run_snapshot is not None and self.snapshot_every and step % self.snapshot_every == 0 \
-                and step not in self.snapshotted:
-            self.snapshotted.add(step)
-            self.run_snapshot(step)
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    # -- the phases, in step order -------------------------------------------------------------------------------
+    def before_training(self, step: int) -> None:
         self.echo(table_header())
-        if state.global_step == 0:
+        if step == 0:
             self._eval(0)
             self._snapshot(0)
 
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._snapshot(state.global_step)
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def begin_step(self) -> None:
         self._t0 = time.perf_counter()
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._t_end = time.perf_counter()
-        if self.eval_every and state.global_step % self.eval_every == 0:
-            self._eval(state.global_step)
+    def sync_weights(self, step: int) -> None:
+        self.rollout.maybe_sync(self.trainer, step)
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-               **kwargs: Any) -> None:
-        logs = logs or {}
-        if "loss" not in logs:
-            return  # the end-of-training summary log, not a step
-        step = state.global_step - 1
+    def rollout_and_score(self, step: int, task_ids: list[str]) -> list[Trajectory]:
+        return self.rollout.rollout(step, task_ids)
+
+    def after_update(self, step: int) -> None:
+        self._t_end = time.perf_counter()
+        if self.eval_every and step % self.eval_every == 0:
+            self._eval(step)
+
+    def record_step(self, step: int, update: dict[str, Any]) -> bool:
+        """Step `step`'s metrics row from its rollout and its `update` (metrics.UPDATE_KEYS); True: stop training
+        (an integrity alarm with action `stop`)."""
         done = self.rollout.steps.pop(step, None)
         if done is None:
-            return
+            return False
         sync_s = self.rollout.sync_s.pop(step, 0.0)
         train_s = max(0.0, self._t_end - self._t0 - done.rollout_s - sync_s)
-        row = step_metrics(step, done.trajectories, logs, rollout_s=done.rollout_s, train_s=train_s,
+        row = step_metrics(step, done.trajectories, update, rollout_s=done.rollout_s, train_s=train_s,
                            sync_s=sync_s, reused=done.reused, engine_idle_s=done.engine_idle_s,
                            pipeline=done.pipeline, gc=self.gc_monitor.take() if self.gc_monitor else None,
                            lag=self.loop_lag.take() if self.loop_lag else None)
@@ -109,7 +98,26 @@ class StepCallback(TrainerCallback):
         if self.trackers is not None:
             self.trackers.log_step(row, done.trajectories)
         self.echo(table_row(row))
-        self._alarm(control, alarms)
+        return self._alarm(alarms)
+
+    def checkpoint_saved(self, step: int) -> None:
+        self._snapshot(step)
+
+    def after_training(self, step: int) -> None:
+        if self.eval_every:
+            self._eval(step)
+
+    # -- internals -------------------------------------------------------------------------------------------------
+    def _eval(self, step: int) -> None:
+        if self.run_eval is not None and self.eval_every and step not in self.evaluated:
+            self.evaluated.add(step)
+            self.run_eval(step)
+
+    def _snapshot(self, step: int) -> None:
+        if self.run_snapshot is not None and self.snapshot_every and step % self.snapshot_every == 0 \
+                and step not in self.snapshotted:
+            self.snapshotted.add(step)
+            self.run_snapshot(step)
 
     def _alarms(self, row: dict[str, Any]) -> list[integrity.Alarm]:
         """The integrity alarms of the step `row` ends; its alarm state goes into the row as
@@ -122,33 +130,17 @@ class StepCallback(TrainerCallback):
         row.update({f"integrity_{name}_alarm": int(name in rang) for name in (*integrity.SIGNALS, *sorted(rang))})
         return alarms
 
-    def _alarm(self, control: Any, alarms: list[integrity.Alarm]) -> None:
-        """Integrity alarm after the step's row is stored: warn, and with action `stop` end training after it."""
+    def _alarm(self, alarms: list[integrity.Alarm]) -> bool:
+        """Integrity alarm after the step's row is stored: warn, and with action `stop` end training after it
+        (True: this alarm stops training)."""
         opts = self.integrity
         if opts is None:
-            return
+            return False
         for alarm in alarms:
             log.warning("%s", alarm)
             self.echo(f"WARNING: {alarm}; see the flagged trajectories with `agentrl view` / `agentrl stats`")
         self.alarms += alarms
         if alarms and opts.action == "stop" and self.stopped_by is None:
             self.stopped_by = alarms[0]
-            control.should_training_stop = True
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.eval_every:
-            self._eval(state.global_step)
-
-
-class RankStop(TrainerCallback):
-    """Several ranks: after each step's log, every rank learns whether rank 0 (whose StepCallback raised the
-    integrity alarm) stops training, so that no rank waits for a step the others never start. Registered after
-    the StepCallback."""
-
-    def __init__(self, ranks: Ranks) -> None:
-        self.ranks = ranks
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-               **kwargs: Any) -> None:
-        if "loss" in (logs or {}) and self.ranks.share(lambda: bool(control.should_training_stop)):
-            control.should_training_stop = True
+            return True
+        return False
