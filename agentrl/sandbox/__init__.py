@@ -3,9 +3,8 @@
 Public API: `SandboxPool` (leases), `Sandbox` (the handle a trajectory holds), `SandboxSpec`, `ExecResult`,
 `SandboxPathError`, `SandboxFileError`, `SandboxSurvivorsError`, the `SandboxBackend` protocol and `make_backend`.
 Backends live in `local.py`
-(bubblewrap), `docker.py` and the package `kubernetes/`; the in-sandbox agent in `agent.py` (stdlib only, never
-imported by the
-host side except for its constants).
+(bubblewrap), `docker.py` and the package `kubernetes/`; the in-sandbox agent in the package `agent/` (stdlib only,
+never imported by the host side except for its `protocol` module), shipped as one artifact built by `artifact.py`.
 """
 
 from agentrl.sandbox.base import AgentEndpoint, ExecResult, SandboxBackend, SandboxHandle, SandboxSpec

@@ -8,12 +8,13 @@ the in-sandbox agent over the unix socket through `client.py`; never `docker exe
 
 One sandbox = one container:
 
-    command    python3 (alarm at ttl_s, then exec) python3 /agentrl/agent.py --unix /agentrl-sock/agent.sock
+    command    python3 (alarm at ttl_s, then exec) python3 -I -S /agentrl/agent.pyz --unix /agentrl-sock/agent.sock
                --workspace /workspace [--run-as 1000:1000]; docker-init (tini) is pid 1. As container root, the
                first python3 also copies itself to /agentrl/judge-python, mode 0111: the image's own interpreter,
                executable but not readable by the command user, so graders started from it are non-dumpable from
                their execve (`Sandbox.judge_python`; any image with python3, none when it is a venv's)
-    mounts     a small root-owned tmpfs at /agentrl; agent.py read-only at /agentrl/agent.py; the host socket dir at
+    mounts     a small root-owned tmpfs at /agentrl; the agent's artifact (artifact.py) read-only at
+               /agentrl/agent.pyz; the host socket dir at
                /agentrl-sock;
                tmpfs /workspace, /tmp and each of spec.writable_dirs (size = spec.disk, owned by the sandbox user;
                the agent gets --writable for the latter)
@@ -42,7 +43,7 @@ of: cgroup v2, the systemd driver): the agent's container (its own 0.25 CPU, pid
 tmpfs volume it writes into: `agent_container_memory`) and `<name>-cmd`, the commands' container with the spec's
 limits, in the agent container's pid, ipc and network namespaces, both mounting
 the same tmpfs volumes (`<name>-vN`: /agentrl, /workspace, /tmp, the writable dirs); its main process is the relay
-(agent.py RELAY_SOURCE: root with SETUID / SETGID only), which starts the agent's command spawner there, as on
+(agent/relay_program.py, as text: root with SETUID / SETGID only), which starts the agent's command spawner there, as on
 Kubernetes. A non-root host side gets neither: the container's limits cover the agent and its commands together
 and the agent says so (`resources_separated: false`); every death is then the policy's.
 
@@ -85,7 +86,8 @@ from agentrl.errors import (
     SandboxStartError,
 )
 from agentrl.sandbox import limits
-from agentrl.sandbox.agent import RELAY_SOURCE
+from agentrl.sandbox.agent.protocol import ARTIFACT_NAME
+from agentrl.sandbox.artifact import relay_source, shipped
 from agentrl.sandbox.base import SIGKILL_UNPROVEN, AgentEndpoint, SandboxHandle, SandboxSpec
 from agentrl.sandbox.client import probe_health
 from agentrl.sandbox.ownership import OwnerRecord, owner_gone
@@ -111,15 +113,15 @@ L_CGROUPS = "agentrl.cgroups"  # the sandbox's host cgroup directories (resource
 L_SANDBOX, L_ROLE, L_VOLUMES = "agentrl.sandbox", "agentrl.role", "agentrl.volumes"
 COMMANDS_SUFFIX = "-cmd"  # two containers: the commands' container is named <sandbox>-cmd
 AGENT_CONTAINER_CPUS, AGENT_CONTAINER_MEMORY = 0.25, 256 << 20  # two containers: the agent's own working set
-AGENT_DIR_BYTES = 64 << 20  # the /agentrl tmpfs (agent.py bound inside, judge-python copied by root)
+AGENT_DIR_BYTES = 64 << 20  # the /agentrl tmpfs (agent.pyz bound inside, judge-python copied by root)
 CGROUP_MOUNT = "/agentrl-cgroup"  # where they appear in the container: /agentrl-cgroup/0, /1, ...
 AGENT_DIR = "/agentrl"
-AGENT_PATH = f"{AGENT_DIR}/agent.py"
+AGENT_PATH = f"{AGENT_DIR}/{ARTIFACT_NAME}"
 SOCK_DIR = "/agentrl-sock"
 WORKSPACE = "/workspace"
 SANDBOX_UID = 1000
 AGENT_CAPS = ["SETUID", "SETGID", "KILL"]  # the workspace tmpfs is created owned by 1000: no CAP_CHOWN needed
-JUDGE_PYTHON = f"{AGENT_DIR}/judge-python"  # where the agent looks for it: next to agent.py
+JUDGE_PYTHON = f"{AGENT_DIR}/judge-python"  # where the agent looks for it: next to agent.pyz
 # argv: TTL, then the command to exec; SIGALRM's default action ends the agent at the TTL (the alarm survives exec).
 # First, as root: the execute-only copy of this interpreter for graders (best effort: graders fall back without it).
 _TTL_EXEC = f"""import os, shutil, signal, sys
@@ -265,7 +267,7 @@ class DockerBackend:
         self._max_workers = max_workers
         self._api_timeout_s = api_timeout_s
         self._start_timeout_s = start_timeout_s
-        self._agent_file = Path(agent_file) if agent_file is not None else Path(__file__).with_name("agent.py")
+        self._agent_file = shipped(agent_file)  # this tree's artifact; agent_file: another artifact or agent dir
         self._threads = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="agentrl-docker")
         # separate_resources=False: one budget for agent and commands, as separation "off" (benchmarks compare)
         if separation not in SEPARATIONS:
@@ -420,7 +422,7 @@ class DockerBackend:
     def _commands_config(self, api: Any, handle: SandboxHandle, spec: SandboxSpec, volumes: dict[str, str]) -> dict:
         """Two containers: where the commands run, with the spec's limits, in the agent container's pid, ipc and
         network namespaces; its main process is the relay (uid 0, only SETUID / SETGID), which starts the agent's
-        command spawner here (agent.py --relay)."""
+        command spawner here (the agent's --relay)."""
         name = handle.id + COMMANDS_SUFFIX  # _commands_container(handle) once the volumes are labelled
         binds = {vol: {"bind": path, "mode": "ro" if path == AGENT_DIR else "rw"} for path, vol in volumes.items()}
         host_config = api.create_host_config(
@@ -433,7 +435,7 @@ class DockerBackend:
             log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
         )
         return {"image": spec.image, "name": name, "user": "0:0", "working_dir": WORKSPACE,
-                "command": ["python3", "-I", "-S", "-c", RELAY_SOURCE, _relay_name(handle.id)],
+                "command": ["python3", "-I", "-S", "-c", relay_source(), _relay_name(handle.id)],
                 "labels": {**handle.labels, L_SANDBOX: handle.id, L_ROLE: "commands"},
                 "environment": {"HOME": WORKSPACE}, "host_config": host_config}
 
@@ -516,7 +518,7 @@ class DockerBackend:
             extra_binds, agent_args = {}, []
         tmpfs = {} if volumes is not None else {
             WORKSPACE: tmpfs_opts, "/tmp": f"size={spec.disk_bytes},mode=1777,exec",
-            AGENT_DIR: f"size={AGENT_DIR_BYTES},mode=0755,exec",  # root's: agent.py bound inside, judge-python copied
+            AGENT_DIR: f"size={AGENT_DIR_BYTES},mode=0755,exec",  # root's: agent.pyz bound inside, judge-python copied
             **{d: tmpfs_opts for d in spec.writable_dirs}}  # e.g. /repo: owned by the command user
         host_config = api.create_host_config(
             binds={str(self._agent_file): {"bind": AGENT_PATH, "mode": "ro"},
@@ -530,7 +532,7 @@ class DockerBackend:
             ulimits=[Ulimit(name="core", soft=0, hard=0), Ulimit(name="nofile", soft=4096, hard=4096)],
             log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
         )
-        agent = ["python3", AGENT_PATH, "--unix", f"{SOCK_DIR}/agent.sock", "--workspace", WORKSPACE]
+        agent = ["python3", "-I", "-S", AGENT_PATH, "--unix", f"{SOCK_DIR}/agent.sock", "--workspace", WORKSPACE]
         if self._root_host:
             agent += ["--run-as", self._command_user]
         if spec.writable_dirs:

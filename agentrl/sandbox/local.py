@@ -57,7 +57,8 @@ from pathlib import Path
 
 from agentrl.errors import ConfigError, MissingDependencyError, SandboxStartError
 from agentrl.sandbox import limits
-from agentrl.sandbox.agent import READY_LINE
+from agentrl.sandbox.agent.protocol import ARTIFACT_NAME, READY_LINE
+from agentrl.sandbox.artifact import shipped
 from agentrl.sandbox.base import SIGKILL_UNPROVEN, AgentEndpoint, SandboxHandle, SandboxSpec
 from agentrl.sandbox.ownership import alive as process_alive
 from agentrl.sandbox.ownership import host_id, owner_gone, process_start
@@ -140,7 +141,7 @@ class LocalBackend:
         self._limiter: limits.Limiter | None = None
         self._limiter_lock = threading.Lock()  # detection runs in worker threads (blocking cgroupfs I/O)
         self._live: dict[str, _Live] = {}
-        self._agent_file = str(Path(__file__).with_name("agent.py"))
+        self._agent_file = str(shipped())  # the agent's artifact (artifact.py), bound read-only into each sandbox
         self._judge_python: str | None = None  # made by the first _prepare (uid-separated only)
         self._judge_lock = threading.Lock()
         if len(str(self.state_root / ("0" * 12) / "run" / "agent.sock")) > 100:
@@ -287,7 +288,7 @@ class LocalBackend:
         if self.unsafe:
             return [self.python, "-I", "-S", self._agent_file, "--unix", str(path / "run" / "agent.sock"),
                     "--workspace", str(path / "workspace")]
-        agent = [self.python, "-I", "-S", f"{AGENT_DIR}/agent.py", "--unix", f"{AGENT_DIR}/run/agent.sock",
+        agent = [self.python, "-I", "-S", f"{AGENT_DIR}/{ARTIFACT_NAME}", "--unix", f"{AGENT_DIR}/run/agent.sock",
                  "--workspace", WORKSPACE]
         if self.uid_separated:
             agent += ["--run-as", f"{SANDBOX_UID}:{SANDBOX_UID}"]
@@ -344,7 +345,7 @@ class LocalBackend:
         if self._judge_python:  # the command user may traverse the agent's directory (not list it) to run it
             args += ["--perms", "0711", "--dir", AGENT_DIR,
                      "--ro-bind", self._judge_python, f"{AGENT_DIR}/judge-python"]
-        args += ["--ro-bind", self._agent_file, f"{AGENT_DIR}/agent.py",
+        args += ["--ro-bind", self._agent_file, f"{AGENT_DIR}/{ARTIFACT_NAME}",
                  "--bind", str(path / "run"), f"{AGENT_DIR}/run", *extra_binds,
                  "--remount-ro", "/"]  # the root tmpfs bwrap builds would otherwise be writable (and unlimited)
         return args
