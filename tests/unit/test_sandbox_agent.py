@@ -364,7 +364,7 @@ class Recording(subprocess.Popen):
         super().__init__(args, *a, **k)
         started.append({"pid": self.pid, "argv": [str(x)[:40] for x in args]})
 
-handlers.subprocess.Popen = Recording
+subprocess.Popen = Recording  # every Popen of the agent's modules
 identity = ids.Identity((int(sys.argv[3]), int(sys.argv[3])))
 libc = ids.prctl_setup()
 identity.setup(libc, sys.argv[2])

@@ -4,12 +4,11 @@ user (`Identity`), the `commands` cgroup, the spawner, the reaper, the policy's 
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
-import select
 import signal
 import stat
-import subprocess
 import sys
 import threading
 import time
@@ -22,6 +21,7 @@ from .process import (
     EXIT_GRACE_S,
     KILL_ALL_DEADLINE_S,
     ExecRun,
+    Proc,
     kill_all_as,
     kill_group,
     kill_pid,
@@ -48,7 +48,6 @@ from .spawner import (
     SECCOMP_POLICY,
     STATUS_GRACE_S,
     GoneBefore,
-    Spawned,
     Spawner,
     SpawnerLost,
     SpawnerUnusable,
@@ -191,7 +190,7 @@ class Agent:
         result["resources"] = self.counters.delta(before)
         return result
 
-    def _start(self, run: ExecRun, deadline: float) -> subprocess.Popen | Spawned:
+    def _start(self, run: ExecRun, deadline: float) -> Proc:
         """Start `run`'s command as the command user in `commands`: through the spawner (one clone + exec), or,
         without separation or where the spawner cannot work, with Popen (through setpriv / the cgroup shell)."""
         spawner = self._spawner
@@ -212,38 +211,30 @@ class Agent:
                 print(f"agent: the command spawner cannot work here ({e}); commands start through setpriv",
                       file=sys.stderr, flush=True)
                 spawner.unusable = True
-        proc = self.cgroup.start(lambda: self._reaper.spawn(run.start))
+        popen = self.cgroup.start(lambda: self._reaper.spawn(run.start))
+        proc = Proc.of_popen(popen, functools.partial(self._reaper.exited, popen.pid))
         if not prefer_oom_kill(proc.pid):  # setpriv has not switched uid yet: the file is still root's, or
             with self.identity.files():  # it has (or Popen did): the file is the command user's
                 prefer_oom_kill(proc.pid)
         return proc
 
-    def _finish(self, run: ExecRun, proc: subprocess.Popen | Spawned, deadline: float, start: float) -> dict:
-        spawned = isinstance(proc, Spawned)
-        if spawned and proc.link is not None:
-            exited = lambda: proc.link.exited(proc.pid)  # noqa: E731
-        elif spawned and self.relay and proc.pidfd is not None:  # an orphan elsewhere: its pidfd says when it ended
-            exited = lambda: bool(select.select([proc.pidfd], [], [], 0)[0])  # noqa: E731
-        else:
-            exited = lambda: self._reaper.exited(proc.pid)  # noqa: E731
+    def _finish(self, run: ExecRun, proc: Proc, deadline: float, start: float) -> dict:
         try:
-            closed = run.pump(proc, deadline, exited, self.exit_grace_s)
+            closed = run.pump(proc, deadline, self.exit_grace_s)
         except BaseException:
-            kill_group(proc.pid)
+            proc.kill_group()
             raise
         if not closed:
-            kill_group(proc.pid)  # pgid == pid of the main process (start_new_session); also kills SIGTERM-ignorers
+            proc.kill_group()  # pgid == pid of the main process (start_new_session); also kills SIGTERM-ignorers
             run.drain(proc, DRAIN_AFTER_KILL_S)
-        if spawned:
-            code = proc.returncode = self._spawner_wait(proc, deadline, run)
+        if proc.by_spawner:
+            code = self._spawner_wait(proc, deadline, run)
         else:
-            code = proc.returncode = self._reaper.wait(proc.pid)  # the reaper collected it (never Popen.wait)
-        for stream in (proc.stdout, proc.stderr, proc.stdin):
-            if stream is not None:
-                stream.close()
+            code = self._reaper.wait(proc.pid)  # the reaper collected it (never Popen.wait)
+        proc.ended(code)
         return _result(None if run.timed_out else code, run.out, run.err, run.timed_out, run.truncated, start)
 
-    def _spawner_wait(self, proc: Spawned, deadline: float, run: ExecRun) -> int:
+    def _spawner_wait(self, proc: Proc, deadline: float, run: ExecRun) -> int:
         """The command's exit code from its spawner or, when the policy killed (or stopped) the spawner meanwhile,
         from the reaper (the command was re-parented to the agent); 126 and a note when neither has it."""
         try:
@@ -252,8 +243,7 @@ class Agent:
                 code = self._reaper.wait(proc.pid, STATUS_GRACE_S)
         finally:
             self._reaper.forget(proc.pid)
-            if proc.pidfd is not None:
-                os.close(proc.pidfd)
+            proc.close_pidfd()
         if code is None:  # lost between the spawner's answer and adopt(): the policy's doing
             run.err += b"\nagent: the command's exit code was lost: its spawner was killed or stopped (by the " \
                        b"sandbox's own processes or the commands' memory limit)\n"

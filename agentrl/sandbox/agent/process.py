@@ -1,7 +1,9 @@
-"""Commands as processes: running one (`ExecRun`: its pipes, deadline and output cap) and killing. The one killer:
-every SIGKILL the agent sends goes through `kill_pid` (one process), `kill_group` (a command's process group),
-`kill_pidfd` (the spawner, by its pidfd), `kill_all_as` (every process of the command user, from one thread) and
-`kill_until_gone`, the rounds of /kill_all (through the cgroup or by owner) until nothing is left."""
+"""The agent's processes: one handle for every kind (`Proc`: a command started by the spawner or through Popen, and
+the spawner itself, the agent's child or the relay's), running a command (`ExecRun`: its pipes, deadline and output
+cap) and killing. The one killer: every SIGKILL the agent sends goes through `kill_pid` (one process), `kill_group`
+(a command's process group), `kill_pidfd` (the spawner, by its pidfd), `kill_all_as` (every process of the command
+user, from one thread) and `kill_until_gone`, the rounds of /kill_all (through the cgroup or by owner) until nothing
+is left."""
 
 from __future__ import annotations
 
@@ -27,6 +29,54 @@ CHUNK = 1 << 16
 KILL_ALL_DEADLINE_S = 5.0  # /kill_all gives up (409) when processes survive SIGKILL this long (stuck in the kernel)
 
 
+class Proc:
+    """The agent's handle of one process it started, whatever started it: `pid` (a command's process group id too: it
+    leads a session of its own), `pidfd` (when the kernel has them and its starter opened one), the agent's ends of
+    its pipes (commands), `link` (the spawner that started it and reports its exit code; None: Popen, or a command
+    whose spawner died), `returncode` once known, and `exited()`: whether it ended, as its starter knows it (its
+    spawner, the reaper, its pidfd). It never waits for the process itself (the reaper, or the spawner, reaps); a
+    Popen behind it gets the same returncode (`ended`) so that it never waits for the pid either."""
+
+    def __init__(self, pid: int, *, pidfd: int | None = None, stdin: int | None = None, stdout: int | None = None,
+                 stderr: int | None = None, link: object = None, exited: Callable[[], bool] | None = None,
+                 by_spawner: bool = False) -> None:
+        self.pid, self.pidfd, self.link = pid, pidfd, link
+        self.by_spawner = by_spawner  # a command the spawner started: its exit code comes from there (or the reaper)
+        self.stdin = open(stdin, "wb", buffering=0) if stdin is not None else None
+        self.stdout = open(stdout, "rb", buffering=0) if stdout is not None else None
+        self.stderr = open(stderr, "rb", buffering=0) if stderr is not None else None
+        self.returncode: int | None = None
+        self._exited = exited
+        self._popen: subprocess.Popen | None = None
+
+    @classmethod
+    def of_popen(cls, popen: subprocess.Popen, exited: Callable[[], bool] | None = None) -> Proc:
+        """The handle of a process Popen started (its pipes, none with DEVNULL)."""
+        proc = cls(popen.pid, exited=exited)
+        proc.stdin, proc.stdout, proc.stderr, proc._popen = popen.stdin, popen.stdout, popen.stderr, popen
+        return proc
+
+    def exited(self) -> bool:
+        return self._exited is not None and self._exited()
+
+    def ended(self, code: int | None) -> None:
+        """Record its exit code (negative: the signal that killed it) and close the agent's ends of its pipes."""
+        self.returncode = code
+        if self._popen is not None:
+            self._popen.returncode = code
+        for stream in (self.stdout, self.stderr, self.stdin):
+            if stream is not None:
+                stream.close()
+
+    def kill_group(self) -> None:
+        kill_group(self.pid)
+
+    def close_pidfd(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
 class ExecRun:
     """One command: spawn in a new session, pump stdin/stdout/stderr, enforce the deadline and the output cap."""
 
@@ -40,7 +90,7 @@ class ExecRun:
         self.truncated = False
         self.timed_out = False
 
-    def start(self) -> subprocess.Popen:
+    def start(self) -> subprocess.Popen:  # the Popen fallback (no spawner); the caller wraps it in a Proc
         proc = subprocess.Popen(
             self._argv(), cwd=self.cwd, env=self.env, start_new_session=True,
             close_fds=True,
@@ -60,11 +110,11 @@ class ExecRun:
             data = data[: max(room, 0)]
         buf += data
 
-    def pump(self, proc: subprocess.Popen, deadline: float, exited, grace: float = EXIT_GRACE_S) -> bool:
+    def pump(self, proc: Proc, deadline: float, grace: float = EXIT_GRACE_S) -> bool:
         """Read both pipes until they close and the main process exits. Stops at the deadline (sets timed_out),
         or `grace` seconds after the main process exited while background processes still hold the pipes (a
         command that leaves nothing holding them returns when its pipes close, never waiting for the grace).
-        Returns True when the pipes closed and the main process exited (no kill needed). `exited()` says whether
+        Returns True when the pipes closed and the main process exited (no kill needed). `proc.exited()` says whether
         the main process exited (used only without pidfd; never Popen.poll, which would reap it behind the reaper)."""
         sel = selectors.DefaultSelector()
         bufs = {proc.stdout.fileno(): self.out, proc.stderr.fileno(): self.err}
@@ -75,7 +125,7 @@ class ExecRun:
         if stdin_fd >= 0:
             os.set_blocking(stdin_fd, False)
             sel.register(stdin_fd, selectors.EVENT_WRITE)
-        own = getattr(proc, "pidfd", None)  # the spawner's, opened before anything could reap the command
+        own = proc.pidfd  # the spawner's, opened before anything could reap the command
         pidfd = os.dup(own) if own is not None else open_pidfd(proc.pid)
         if pidfd is not None:
             sel.register(pidfd, selectors.EVENT_READ)
@@ -83,7 +133,7 @@ class ExecRun:
         try:
             while bufs or exited_at is None:
                 now = time.monotonic()
-                if exited_at is None and pidfd is None and exited():
+                if exited_at is None and pidfd is None and proc.exited():
                     exited_at = now
                 if now >= deadline:
                     self.timed_out = exited_at is None
@@ -109,7 +159,7 @@ class ExecRun:
             if pidfd is not None:
                 os.close(pidfd)
 
-    def _feed(self, sel: selectors.BaseSelector, proc: subprocess.Popen, pending: memoryview) -> memoryview:
+    def _feed(self, sel: selectors.BaseSelector, proc: Proc, pending: memoryview) -> memoryview:
         try:
             pending = pending[os.write(proc.stdin.fileno(), pending[:CHUNK]):]
         except BlockingIOError:
@@ -129,7 +179,7 @@ class ExecRun:
             sel.unregister(fd)
             del bufs[fd]
 
-    def drain(self, proc: subprocess.Popen, seconds: float) -> None:
+    def drain(self, proc: Proc, seconds: float) -> None:
         """Collect what is left in the pipes for at most `seconds` (after a kill)."""
         for stream, buf in ((proc.stdout, self.out), (proc.stderr, self.err)):
             os.set_blocking(stream.fileno(), False)

@@ -1,12 +1,13 @@
 """The agent's side of the command spawner (`Spawner`; the spawner's own program is seccomp.py + spawner_program.py,
 run as `python -I -S -c SPAWNER_PROGRAM ...`): starting it (as the agent's child, or through the relay in the
-commands' container), its requests and answers (`_Link`), the commands it started (`Spawned`) and what is left when
-the policy kills it."""
+commands' container), its requests and answers (`_Link`), the commands it started (`process.Proc` handles) and
+what is left when the policy kills it."""
 
 from __future__ import annotations
 
 import array
 import errno
+import functools
 import os
 import select
 import signal
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from .cgroups import CommandCgroup
 from .identity import Identity
-from .process import kill_pidfd
+from .process import Proc, kill_pidfd
 from .procfs import boot_ticks, close_fds, open_pidfd, proc_fields
 from .relay import RELAY_TIMEOUT_S, connect_relay
 
@@ -73,7 +74,7 @@ class _Link:
     """One spawner process and what the agent learnt from it: the answer to the request in flight, the exit codes
     of its commands, and whether it is gone (`lost`: EOF on its socket). A reader thread fills it."""
 
-    def __init__(self, sock: socket.socket, proc: subprocess.Popen, cond: threading.Condition) -> None:
+    def __init__(self, sock: socket.socket, proc: Proc, cond: threading.Condition) -> None:
         self.sock, self.proc, self.cond = sock, proc, cond
         self.tx = sock.dup()  # requests go out with a timeout (which makes the shared file non-blocking)
         self.pidfd = open_pidfd(proc.pid)
@@ -136,28 +137,7 @@ class _Link:
             kill_pidfd(self.pidfd)
             os.close(self.pidfd)
             self.pidfd = None
-        self.proc.returncode = -signal.SIGKILL  # the reaper reaps it; Popen must never waitpid this pid again
-
-
-class Remote:
-    """The Popen-like face of a spawner the relay started in the sandbox container (not the agent's child)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-
-class Spawned:
-    """The Popen-like face of a command started by the spawner: pid, a pidfd (when the kernel has them), the
-    agent's ends of its pipes, and the spawner (`link`) that reports its exit code."""
-
-    def __init__(self, link: _Link | None, pid: int, pidfd: int | None, stdin: int | None, stdout: int,
-                 stderr: int) -> None:
-        self.link, self.pid, self.pidfd = link, pid, pidfd
-        self.stdin = open(stdin, "wb", buffering=0) if stdin is not None else None
-        self.stdout = open(stdout, "rb", buffering=0)
-        self.stderr = open(stderr, "rb", buffering=0)
-        self.returncode: int | None = None
+        self.proc.ended(-signal.SIGKILL)  # the reaper reaps it; its Popen must never waitpid this pid again
 
 
 class Spawner:
@@ -243,13 +223,13 @@ class Spawner:
         else:
             close_fds(tuple(files.values()))
 
-    def _start_child(self) -> tuple[socket.socket, subprocess.Popen]:
+    def _start_child(self) -> tuple[socket.socket, Proc]:
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         argv = self._cgroup.wrap([sys.executable, "-I", "-S", "-c", SPAWNER_PROGRAM, str(b.fileno()),
                                   *map(str, self._ids), SECCOMP_POLICY])
         try:
-            return a, self._cgroup.start(lambda: subprocess.Popen(
-                argv, pass_fds=(b.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True))
+            return a, Proc.of_popen(self._cgroup.start(lambda: subprocess.Popen(
+                argv, pass_fds=(b.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True)))
         except OSError as e:
             a.close()
             if e.errno in (errno.EAGAIN, errno.ENOMEM):  # the commands' pids or memory are full: this exec's
@@ -258,7 +238,7 @@ class Spawner:
         finally:
             b.close()
 
-    def _start_relayed(self, deadline: float) -> tuple[socket.socket, Remote]:
+    def _start_relayed(self, deadline: float) -> tuple[socket.socket, Proc]:
         """Ask the relay (RELAY_SOURCE, the sandbox container's main process) to start a spawner there: in that
         container's cgroup, under the sandbox's limits, as its child. The relay must be of our uid (SO_PEERCRED): a
         command that bound the name after the relay died is not. Raises OSError (EAGAIN: the commands' pids are
@@ -294,11 +274,12 @@ class Spawner:
             close_fds(tuple(fds))
             raise SpawnerLost("the relay in the sandbox container closed the connection without starting a spawner")
         close_fds(tuple(fds[1:]))
-        return socket.socket(fileno=fds[0]), Remote(pid)
+        return socket.socket(fileno=fds[0]), Proc(pid)  # the relay's child, not ours
 
-    def spawn(self, run: ExecRun, deadline: float) -> Spawned:
-        """Start `run`'s command through the spawner: its pid and pidfd and the agent's pipe ends. Raises OSError
-        like Popen when the command cannot be executed, SpawnerLost when the spawner is gone or stopped."""
+    def spawn(self, run: ExecRun, deadline: float) -> Proc:
+        """Start `run`'s command through the spawner: its pid and pidfd, the agent's pipe ends and how its end is
+        learnt (its spawner's report; an orphan: its pidfd in the commands' container, else the reaper). Raises
+        OSError like Popen when the command cannot be executed, SpawnerLost when the spawner is gone or stopped."""
         record = _spawn_record(run)
         stdin_r, stdin_w = os.pipe() if run.stdin is not None else (os.open(os.devnull, os.O_RDONLY), None)
         out_r, out_w = os.pipe()
@@ -321,7 +302,15 @@ class Spawner:
         if err:
             close_fds(ours)
             raise OSError(err, os.strerror(err))
-        return Spawned(link, pid, pidfd, *ours)
+        if link is not None:
+            exited = functools.partial(link.exited, pid)
+        elif self._relay and pidfd is not None:  # an orphan elsewhere: its pidfd says when it ended
+            exited = functools.partial(_readable, pidfd)
+        else:  # an orphan of the agent
+            exited = functools.partial(self._reaper.exited, pid)
+        stdin_w, out_r, err_r = ours
+        return Proc(pid, pidfd=pidfd, stdin=stdin_w, stdout=out_r, stderr=err_r, link=link, exited=exited,
+                    by_spawner=True)
 
     def _orphan(self, out_r: int, since_ticks: int) -> int | None:
         """The command a spawner killed in flight did start (`kill -9 -1` as a command's first act can beat the
@@ -394,7 +383,7 @@ class Spawner:
                                   "unknown; the next exec starts a fresh one", killed_in_flight=True)
             return link, answer
 
-    def wait(self, proc: Spawned) -> int | None:
+    def wait(self, proc: Proc) -> int | None:
         """The exit code of `proc` (which exited, or was just killed) as its spawner reports it; None when that
         spawner died, or did not report it within STATUS_GRACE_S (stopped by the policy): it is then discarded
         (SIGKILL), so its children, `proc` included, go to the agent's reaper."""
@@ -416,6 +405,10 @@ class Spawner:
             if self._link is not None:
                 self._link.discard()
                 self._link = None
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
 
 
 def _hung_up(sock: socket.socket) -> bool:
