@@ -105,17 +105,16 @@ def artifact_path(cache_dir: Path | None = None, package_dir: Path = PACKAGE_DIR
     in the same directory renamed over the name, so a concurrent start never sees half a file."""
     data = build(package_dir)
     name = artifact_name(data)
-    dirs = [cache_dir] if cache_dir is not None else [default_cache_dir(), None]
-    error: OSError | None = None
-    for d in dirs:
+    places = [lambda: cache_dir] if cache_dir is not None else [default_cache_dir, _private_temp_dir]
+    error: Exception | None = None
+    for place in places:
         try:
-            target_dir = d if d is not None else _private_temp_dir()
+            target_dir = place()
             target_dir.mkdir(parents=True, exist_ok=True)
             return _write_once(target_dir / name, data)
-        except OSError as e:
+        except (OSError, RuntimeError) as e:  # RuntimeError: no home directory to be found
             error = e
-    assert error is not None
-    raise error
+    raise OSError(f"cannot write the agent's artifact {name} ({error})") from error
 
 
 def _write_once(path: Path, data: bytes) -> Path:

@@ -120,3 +120,16 @@ def test_agent_paths_are_recognized() -> None:
     assert artifact.is_agent_path(str(artifact.artifact_path()))
     assert not artifact.is_agent_path("/x/agent.py") and not artifact.is_agent_path("/x/agent-.pyz")
     assert not artifact.is_agent_path("/x/agent-zz.pyz")
+
+
+def test_an_unwritable_cache_falls_back_to_a_private_temp_dir(tmp_path: Path, monkeypatch) -> None:
+    import tempfile
+
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    monkeypatch.setenv("AGENTRL_CACHE", str(blocked))  # its agent/ cannot be created
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    path = artifact.artifact_path()
+    assert path.parent == tmp_path / "tmp" / f"agentrl-agent-{os.geteuid()}" and path.read_bytes() == artifact.build()
+    assert path.parent.stat().st_mode & 0o777 == 0o700

@@ -24,14 +24,14 @@ them from it (`uid_separated: false` in /health). The agent is a child subreaper
 to it (and reaped by it), so "every process a command left behind" is well defined in both modes.
 
 The command spawner (separated by uid or by cgroup): commands are started by a persistent fork server per sandbox
-(`Spawner`, SPAWNER_SOURCE), started once by the agent, that already is UID:GID (no groups, no capabilities,
-no_new_privs) and in `commands`, and is non-dumpable (a command cannot ptrace it or read its memory); it
-posix_spawns (vfork) each command, so a command costs no setpriv (or cgroup shell) exec of its own. It talks only to
-the agent (a socketpair; the command's pipes travel with SCM_RIGHTS), reports each command's pid, pidfd and exit
-code, and is restarted for the next exec when /kill_all or the policy killed it. Where it cannot start, commands
-start through setpriv as before.
+(`Spawner`; its program: seccomp.py + spawner_program.py), started once by the agent, that already is UID:GID (no
+groups, no capabilities, no_new_privs) and in `commands`, and is non-dumpable (a command cannot ptrace it or read its
+memory); it posix_spawns (vfork) each command, so a command costs no setpriv (or cgroup shell) exec of its own. It
+talks only to the agent (a socketpair; the command's pipes travel with SCM_RIGHTS), reports each command's pid, pidfd
+and exit code, and is restarted for the next exec when /kill_all or the policy killed it. Where it cannot start,
+commands start through setpriv as before.
 
-The syscall policy (SECCOMP_SOURCE): the spawner installs one allow-list seccomp filter on itself before it serves,
+The syscall policy (seccomp.py): the spawner installs one allow-list seccomp filter on itself before it serves,
 so every command on every backend runs under it; its refusals go to the agent (seccomp user notification, the
 listener passed with the spawner's ready answer), which answers them and counts them (`SeccompWatch`). The calls
 that can signal another process go to the agent too and are let through; it counts those whose target is outside
@@ -51,7 +51,7 @@ memory charged to the commands would otherwise outlive every process).
 Commands in another container (`--relay NAME`, kubernetes, and docker without host cgroups): the agent runs in a
 container of its own and every command runs in the commands' container (a pod's `sandbox`, docker's
 `<name>-cmd`), under that container's limits
-(`resources_separated`). The spawner is started there by the relay (RELAY_SOURCE, that container's main process, uid
+(`resources_separated`). The spawner is started there by the relay (relay_program.py, that container's main process, uid
 0 with only CAP_SETUID / CAP_SETGID) on the agent's request over the abstract unix socket NAME; each side checks the
 other's uid (SO_PEERCRED), so a command can neither ask the relay for a process nor pose as a relay. The pod shares
 one pid namespace, so /kill_all reaches the commands; pids are counted per pod, so the agent keeps PARKED_WORKERS

@@ -8,7 +8,7 @@ sandbox costs no thread:
 
     GET  /health   -> {ok, pid, version, workspace, writable, uid_separated, command_uid, resources_separated,
                        commands_apart, judge_python, seccomp}   seccomp: the syscall policy's mode (notify, errno,
-                       "none: why"; see SECCOMP_SOURCE); commands_apart: --relay, commands run in another container;
+                       "none: why"; see seccomp.py); commands_apart: --relay, commands run in another container;
                        judge_python: the path of `judge-python` next to this file when the backend
                        put an execute-only interpreter copy there (root's, no read bit: a process the command user
                        starts from it is non-dumpable from its execve on, the kernel's rule for unreadable

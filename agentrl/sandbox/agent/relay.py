@@ -47,4 +47,4 @@ def wait_for_relay(name: str, timeout_s: float = RELAY_WAIT_S) -> None:
             why = str(e)
         time.sleep(0.05)
     sys.exit(f"agent: the relay {name!r} in the sandbox container did not answer within {timeout_s:g}s ({why}): "
-             "is that container running `python3 -I -S -c RELAY_SOURCE NAME`?")
+             "is that container running `python3 -I -S -c <relay_program.py> NAME`?")

@@ -141,7 +141,7 @@ class _Link:
 
 
 class Spawner:
-    """A persistent fork server (SPAWNER_SOURCE) that already runs as the command user and in the `commands` cgroup,
+    """A persistent fork server (SPAWNER_PROGRAM) that already runs as the command user and in the `commands` cgroup,
     so a command costs one vfork + exec instead of setpriv's fork + extra exec (and, under cgroup v2, /bin/sh's).
     It is the commands' parent and reports their exit codes; their orphans still go to the agent (the subreaper).
     It is a process of the command user, so the policy can kill or stop it (its own loss: the exec waiting on it
@@ -159,7 +159,7 @@ class Spawner:
         self._link: _Link | None = None
         self.unusable = False  # its setup failed here: commands start through setpriv
         self._watch = watch  # gets the syscall policy's listener of every spawner started
-        self.seccomp = "none: no spawner started yet"  # the last spawner's policy mode (SECCOMP_SOURCE's install)
+        self.seccomp = "none: no spawner started yet"  # the last spawner's policy mode (seccomp.install's)
         self.on_counter_files: Callable[[dict[str, int]], None] | None = None  # relayed: gets the commands' cgroup
 
     @property
@@ -239,7 +239,7 @@ class Spawner:
             b.close()
 
     def _start_relayed(self, deadline: float) -> tuple[socket.socket, Proc]:
-        """Ask the relay (RELAY_SOURCE, the sandbox container's main process) to start a spawner there: in that
+        """Ask the relay (relay_program.py, the sandbox container's main process) to start a spawner there: in that
         container's cgroup, under the sandbox's limits, as its child. The relay must be of our uid (SO_PEERCRED): a
         command that bound the name after the relay died is not. Raises OSError (EAGAIN: the commands' pids are
         full) or SpawnerLost (the relay is gone: the sandbox container died, e.g. by the commands' memory limit)."""
