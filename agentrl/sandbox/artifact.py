@@ -7,14 +7,16 @@ package's files, it never imports the agent's runtime modules.
 
 The zip holds a root `__main__.py` that runs `agent.__main__.main()` and the package as the top-level package
 `agent/` (its modules import one another relatively, so the same files work as `agentrl.sandbox.agent` in tests).
-Entries are sorted, dated 1980-01-01, mode 0644, stored uncompressed (no zlib version can change the bytes), with
-no __pycache__ and no comment: the same source gives byte-identical artifacts, hence the same hash (the Kubernetes
-agent ConfigMap is named after it). Every backend ships it read-only and starts it as
-`python3 -I -S DIR/agent.pyz ARGS`: with -I (isolated: no PYTHON* variables, no user site, no script directory
-on sys.path beyond the archive itself) and -S (no site), sys.path is the standard library plus the archive, which
-the interpreter always puts first for a zip application; Python 3.9+ (the images' python3, Debian bookworm's 3.11)
-imports its modules with the built-in zipimport. Where the agent runs from, `judge-python` is looked for next to
-the archive (`handlers.judge_python`).
+Entries are sorted, dated 1980-01-01, mode 0644, stored uncompressed (no zlib version can change the bytes), with no
+__pycache__ and no comment, each module's source with its bytecode as an unchecked hash-based .pyc of the building
+interpreter's version (`_unchecked_pyc`: the agent starts without compiling on the same Python minor version, and
+compiles the sources on any other): the same source and Python version give byte-identical artifacts, hence the same
+hash (the Kubernetes agent ConfigMap is named after it). Every backend ships it read-only and starts it as `python3
+-I -S DIR/agent.pyz ARGS`: with -I (isolated: no PYTHON* variables, no user site, no script directory on sys.path
+beyond the archive itself) and -S (no site), sys.path is the standard library plus the archive, which the interpreter
+always puts first for a zip application; the built-in zipimport imports its modules (checked on Python 3.11, the
+images' python3 and Debian bookworm's). Where the agent runs from, `judge-python` is looked for next to the archive
+(`handlers.judge_python`).
 
 Cache directory: `$AGENTRL_CACHE/agent`, else `~/.cache/agentrl/agent` (as the model cache), else, when that is
 not writable, a per-user directory under the system's temp directory.
@@ -48,6 +50,7 @@ def build(package_dir: Path = PACKAGE_DIR) -> bytes:
 
     entries = [("__main__.py", ROOT_MAIN)]
     entries += [(f"{PACKAGE}/{p.name}", p.read_bytes()) for p in source_files(package_dir)]
+    entries += [(name[:-3] + ".pyc", _unchecked_pyc(name, source)) for name, source in entries]
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
         for name, data in sorted(entries):
@@ -57,6 +60,20 @@ def build(package_dir: Path = PACKAGE_DIR) -> bytes:
             info.compress_type = zipfile.ZIP_STORED
             zf.writestr(info, data)
     return buf.getvalue()
+
+
+def _unchecked_pyc(name: str, source: bytes) -> bytes:
+    """The bytecode of `source` as an unchecked hash-based .pyc (PEP 552: flags 0b01, the source's hash, no
+    timestamp): what zipimport loads instead of compiling the .py. Python 3.11's zipimport compiles a module's source
+    twice (once for the spec's origin, once to run it); an interpreter of another version rejects the magic number
+    and compiles the .py next to it, so the bytecode only ever saves time. marshal's output is deterministic for a
+    given Python version (and the artifact's hash with it)."""
+    import importlib.util
+    import marshal
+
+    code = compile(source, name, "exec", dont_inherit=True)
+    return importlib.util.MAGIC_NUMBER + (0b01).to_bytes(4, "little") + importlib.util.source_hash(source) + \
+        marshal.dumps(code)
 
 
 def digest(data: bytes) -> str:

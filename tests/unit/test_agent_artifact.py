@@ -5,6 +5,7 @@ own module files, and the host side loads nothing of the agent but its protocol.
 from __future__ import annotations
 
 import base64
+import io
 import os
 import shutil
 import subprocess
@@ -25,7 +26,8 @@ def _copy_package(dst: Path) -> Path:
 
 def test_same_source_gives_byte_identical_artifacts(tmp_path: Path) -> None:
     """Built twice, from the tree and from a copy with fresh timestamps and caches around it: the same bytes, sorted
-    entries dated 1980-01-01, mode 0644, stored, no __pycache__; the name carries the content hash."""
+    entries dated 1980-01-01, mode 0644, stored, no __pycache__ (each module's bytecode sits next to it, as an
+    unchecked hash-based .pyc); the name carries the content hash."""
     copy = _copy_package(tmp_path)
     os.utime(copy / "server.py", (1_900_000_000, 1_900_000_000))
     (copy / "__pycache__").mkdir()
@@ -34,7 +36,9 @@ def test_same_source_gives_byte_identical_artifacts(tmp_path: Path) -> None:
     assert one == two
     names = zipfile.ZipFile(Path(artifact.artifact_path(tmp_path / "c1", copy))).namelist()
     assert names == sorted(names) and names[0] == "__main__.py" and "agent/protocol.py" in names
-    assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
+    assert not any("__pycache__" in n for n in names)
+    sources = [n for n in names if n.endswith(".py")]
+    assert sorted(n[:-4] for n in names if n.endswith(".pyc")) == sorted(n[:-3] for n in sources)
     for info in zipfile.ZipFile(artifact.artifact_path(tmp_path / "c1", copy)).infolist():
         assert info.date_time == (1980, 1, 1, 0, 0, 0) and info.external_attr >> 16 == 0o100644
         assert info.compress_type == zipfile.ZIP_STORED
@@ -68,7 +72,7 @@ def test_artifact_runs_isolated_from_anywhere(tmp_path: Path) -> None:
                           + probe], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split()
-    assert lines[0] == f"{shipped}/agent/spawner.py" and lines[1] == "True", out.stdout
+    assert lines[0] == f"{shipped}/agent/spawner.pyc" and lines[1] == "True", out.stdout  # its bytecode: no compile
     assert lines[2] == str(shipped.parent), out.stdout  # judge-python is looked for next to the artifact
     usage = subprocess.run([sys.executable, "-I", "-S", str(shipped), "--bogus", "x"], capture_output=True,
                            text=True, timeout=60, cwd="/")
@@ -113,6 +117,7 @@ def test_kubernetes_configmap_carries_the_artifact_as_binary_data() -> None:
     cm = agent_configmap(agent_configmap_name(data), data, "ns")
     assert base64.b64decode(cm["binaryData"][protocol.ARTIFACT_NAME]) == data and "data" not in cm
     assert cm["metadata"]["name"] == "agentrl-agent-" + artifact.digest(data)[:12] and cm["immutable"] is True
+    assert len(cm["binaryData"][protocol.ARTIFACT_NAME]) < 1 << 20  # a ConfigMap holds at most 1 MiB
 
 
 def test_agent_paths_are_recognized() -> None:
@@ -133,3 +138,16 @@ def test_an_unwritable_cache_falls_back_to_a_private_temp_dir(tmp_path: Path, mo
     path = artifact.artifact_path()
     assert path.parent == tmp_path / "tmp" / f"agentrl-agent-{os.geteuid()}" and path.read_bytes() == artifact.build()
     assert path.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_an_interpreter_of_another_version_compiles_the_sources(tmp_path: Path) -> None:
+    """The .pyc entries are the building interpreter's: another Python rejects their magic number and zipimport
+    compiles the .py next to each (simulated here by a foreign magic number)."""
+    foreign = tmp_path / protocol.ARTIFACT_NAME
+    with zipfile.ZipFile(io.BytesIO(artifact.build())) as src, zipfile.ZipFile(foreign, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            dst.writestr(info, b"\x00\x00\r\n" + data[4:] if info.filename.endswith(".pyc") else data)
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {str(foreign)!r})\n"
+                          "import agent.handlers as h; print(h.__file__)"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"{foreign}/agent/handlers.py", out

@@ -4,7 +4,6 @@ user (`Identity`), the `commands` cgroup, the spawner, the reaper, the policy's 
 from __future__ import annotations
 
 import ctypes
-import functools
 import json
 import os
 import signal
@@ -212,7 +211,8 @@ class Agent:
                       file=sys.stderr, flush=True)
                 spawner.unusable = True
         popen = self.cgroup.start(lambda: self._reaper.spawn(run.start))
-        proc = Proc.of_popen(popen, functools.partial(self._reaper.exited, popen.pid))
+        reaper = self._reaper
+        proc = Proc.of_popen(popen, lambda: reaper.exited(popen.pid))
         if not prefer_oom_kill(proc.pid):  # setpriv has not switched uid yet: the file is still root's, or
             with self.identity.files():  # it has (or Popen did): the file is the command user's
                 prefer_oom_kill(proc.pid)

@@ -14,12 +14,12 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from .identity import Identity, thread_uid_back, thread_uid_switch
 from .procfs import open_pidfd
 from .protocol import KIND_SURVIVORS, HTTPError
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the agent's start-up time)
 if TYPE_CHECKING:
     from .cgroups import CommandCgroup
 

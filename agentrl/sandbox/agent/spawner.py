@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import array
 import errno
-import functools
 import os
 import select
 import signal
@@ -17,7 +16,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from .cgroups import CommandCgroup
 from .identity import Identity
@@ -25,6 +23,7 @@ from .process import Proc, kill_pidfd
 from .procfs import boot_ticks, close_fds, open_pidfd, proc_fields
 from .relay import RELAY_TIMEOUT_S, connect_relay
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the agent's start-up time)
 if TYPE_CHECKING:
     from .process import ExecRun
     from .reaper import Reaper
@@ -303,11 +302,11 @@ class Spawner:
             close_fds(ours)
             raise OSError(err, os.strerror(err))
         if link is not None:
-            exited = functools.partial(link.exited, pid)
+            exited = _exited_by(link.exited, pid)
         elif self._relay and pidfd is not None:  # an orphan elsewhere: its pidfd says when it ended
-            exited = functools.partial(_readable, pidfd)
+            exited = _exited_by(_readable, pidfd)
         else:  # an orphan of the agent
-            exited = functools.partial(self._reaper.exited, pid)
+            exited = _exited_by(self._reaper.exited, pid)
         stdin_w, out_r, err_r = ours
         return Proc(pid, pidfd=pidfd, stdin=stdin_w, stdout=out_r, stderr=err_r, link=link, exited=exited,
                     by_spawner=True)
@@ -405,6 +404,10 @@ class Spawner:
             if self._link is not None:
                 self._link.discard()
                 self._link = None
+
+
+def _exited_by(check: Callable[[int], bool], arg: int) -> Callable[[], bool]:
+    return lambda: check(arg)
 
 
 def _readable(fd: int) -> bool:
