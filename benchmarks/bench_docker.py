@@ -245,7 +245,8 @@ if __name__ == "__main__":
     p.add_argument("--concurrency", type=int, default=32, help="sandboxes in the throughput run")
     p.add_argument("--seconds", type=float, default=10.0, help="length of the throughput run")
     p.add_argument("--json", type=Path, help="also write the raw numbers here")
-    p.add_argument("--compare-agent", help="an older agent.py: exec round trips through it vs this tree's agent")
+    p.add_argument("--compare-agent", help="an older agent (agent.py, agent.pyz or an agent package dir): "
+                   "exec round trips through it vs this tree's agent")
     p.add_argument("--rounds", type=int, default=2, help="--compare-agent: alternations of the two agents")
     p.add_argument("--separation", type=int, default=0,
                    help="only the layouts' exec comparison (host cgroups, two containers, shared), N each")

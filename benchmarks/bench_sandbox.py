@@ -4,16 +4,18 @@ bare host process spawn. Prints a markdown table (see BENCHMARKS.md for recorded
     python benchmarks/bench_sandbox.py [--backend local] [--leases 30] [--execs 200] [--cpus 0.05]
     python benchmarks/bench_sandbox.py --separation 600   # local: exec round trip, commands in their own cgroup
                                                           # vs one shared budget, interleaved (same machine load)
-    python benchmarks/bench_sandbox.py --compare-agent OLD_AGENT.py --execs 300 [--cpus 0.05] [--shared]
-        # local: exec ['true'] through OLD_AGENT.py (e.g. `git show REV:agentrl/sandbox/agent.py`) and through this
+    python benchmarks/bench_sandbox.py --compare-agent OLD_AGENT --execs 300 [--cpus 0.05] [--shared]
+        # local: exec ['true'] through OLD_AGENT (an older single-file agent.py, e.g. `git show
+        # REV:agentrl/sandbox/agent.py`, an agent.pyz, or an agent package directory) and through this
         # tree's agent, interleaved (same load): round trip p50/p99 and the sandbox cgroup's CPU per exec;
         # --shared: agent and commands in one CPU budget (as in a Kubernetes pod), not resource-separated
     python benchmarks/bench_sandbox.py --seccomp 300 [--cpus 1]
         # local: exec round trips with the syscall policy on (this tree's agent) and off (the same agent with
-        # SECCOMP_POLICY = "off"), alternating: ['true'], ['python3', '-c', 'pass'] (~500 syscalls) and a python
-        # that signals itself 1000 times (each signal a round trip to the agent where signals are watched)
-    python benchmarks/bench_sandbox.py --seccomp 300 --seccomp-base OLD_AGENT.py
-        # the same, the base arm OLD_AGENT.py as it is (e.g. the policy before signals were watched) instead of "off"
+        # SECCOMP_POLICY = "off" in agent/spawner.py), alternating: ['true'], ['python3', '-c', 'pass'] (~500
+        # syscalls) and a python that signals itself 1000 times (each signal a round trip to the agent where signals
+        # are watched)
+    python benchmarks/bench_sandbox.py --seccomp 300 --seccomp-base OLD_AGENT
+        # the same, the base arm OLD_AGENT as it is (e.g. the policy before signals were watched) instead of "off"
 
 --leases 0 skips the lease measurements; --cpus sets the sandbox's CPU quota (cgroup cpu.max / cfs_quota_us over a
 100 ms period): at 0.05 every exec whose agent + command CPU passes 5 ms in a period waits for the next period.
@@ -26,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.sandbox import SandboxPool, SandboxSpec
+from agentrl.sandbox.artifact import shipped
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -152,7 +156,7 @@ async def bench_compare_agent(old_agent: str, spec: SandboxSpec, n: int, shared:
 
     backends = {key: LocalBackend(state_dir=state_dir, separate_resources=not shared)
                 for key in ("single_uid", "old", "new")}
-    backends["old"]._agent_file = old_agent
+    backends["old"]._agent_file = str(shipped(old_agent))
     backends["single_uid"].uid_separated = False
     out: dict[str, list[float]] = {}
     async with contextlib.AsyncExitStack() as stack:
@@ -179,18 +183,22 @@ SELF_SIGNALS = ["python3", "-c", ("import os, signal\nsignal.signal(signal.SIGUS
 
 
 async def bench_seccomp(spec: SandboxSpec, n: int, state_dir: str, base: str | None = None) -> dict[str, list[float]]:
-    """exec round trips through this tree's agent with the syscall policy on and off (a copy of agent.py with
-    SECCOMP_POLICY = "off"; `base`: that agent.py as it is instead), one local sandbox each, alternating (who goes
-    first too) after 20 warm-up execs."""
+    """exec round trips through this tree's agent with the syscall policy on and off (the artifact of a copy of the
+    agent package with SECCOMP_POLICY = "off"; `base`: that agent, as it is, instead), one local sandbox each,
+    alternating (who goes first too) after 20 warm-up execs."""
+    from agentrl.sandbox.artifact import PACKAGE_DIR, artifact_path
     from agentrl.sandbox.local import LocalBackend
 
     on, off = (LocalBackend(state_dir=state_dir) for _ in range(2))
-    source = Path(on._agent_file).read_text()
-    assert 'SECCOMP_POLICY = "notify"' in source, "agent.py no longer sets SECCOMP_POLICY = \"notify\""
-    off_file = Path(state_dir, "agent-seccomp-off.py")
-    off_file.write_text(Path(base).read_text() if base else source.replace('SECCOMP_POLICY = "notify"',
-                                                                           'SECCOMP_POLICY = "off"'))
-    off._agent_file = str(off_file)
+    if base:
+        off._agent_file = str(shipped(base))
+    else:
+        copy = Path(state_dir, "agent-seccomp-off", "agent")
+        shutil.copytree(PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        source = (copy / "spawner.py").read_text()
+        assert 'SECCOMP_POLICY = "notify"' in source, "agent/spawner.py no longer sets SECCOMP_POLICY = \"notify\""
+        (copy / "spawner.py").write_text(source.replace('SECCOMP_POLICY = "notify"', 'SECCOMP_POLICY = "off"'))
+        off._agent_file = str(artifact_path(Path(state_dir), package_dir=copy))
     out: dict[str, list[float]] = {}
     async with contextlib.AsyncExitStack() as stack:
         arms = []
@@ -219,10 +227,11 @@ async def main() -> None:
     ap.add_argument("--execs", type=int, default=200)
     ap.add_argument("--cpus", type=float, default=None, help="the sandbox's CPU quota (default: SandboxSpec's)")
     ap.add_argument("--separation", type=int, default=0, help="only the separated-vs-shared exec comparison, N each")
-    ap.add_argument("--compare-agent", default=None, help="an older agent.py: exec through it vs this tree's agent")
+    ap.add_argument("--compare-agent", default=None,
+                    help="an older agent (agent.py, agent.pyz or package dir): exec through it vs this tree's")
     ap.add_argument("--shared", action="store_true", help="--compare-agent: agent and commands share one budget")
     ap.add_argument("--seccomp", type=int, default=0, help="only the syscall policy on-vs-off comparison, N each")
-    ap.add_argument("--seccomp-base", default=None, help="--seccomp: this agent.py, as it is, instead of policy off")
+    ap.add_argument("--seccomp-base", default=None, help="--seccomp: this agent, as it is, instead of policy off")
     args = ap.parse_args()
     if args.seccomp:
         spec = SandboxSpec() if args.cpus is None else SandboxSpec(cpus=args.cpus)

@@ -5,9 +5,8 @@ Public API: `SandboxPool` (leases), `Sandbox` (the handle a trajectory holds), `
 Backends live in `local.py`
 (bubblewrap; its command line in `bubblewrap.py`) and the packages `docker/` and `kubernetes/` (each a `backend.py`
 control plane over pure modules of what a sandbox is); the sweep rule all three share in `ownership.py`; the
-in-sandbox agent in `agent.py` (stdlib only, never
-imported by the
-host side except for its constants).
+in-sandbox agent in the package `agent/` (stdlib only, never imported by the host side except for its `protocol`
+module), shipped as one artifact built by `artifact.py`.
 """
 
 from agentrl.sandbox.base import AgentEndpoint, ExecResult, SandboxBackend, SandboxHandle, SandboxSpec

@@ -1,7 +1,7 @@
 """Sandbox records and the backend protocol. Imports only types/errors.
 
 Control plane vs data plane: a `SandboxBackend` only creates, watches and deletes sandboxes and returns an
-`AgentEndpoint` for each; every command goes to the in-sandbox agent (`agent.py`) through `AgentClient`
+`AgentEndpoint` for each; every command goes to the in-sandbox agent (`agent/`) through `AgentClient`
 (`client.py`). A `Sandbox` is the handle a trajectory holds for its lease.
 """
 

@@ -1,8 +1,8 @@
 """The bubblewrap command line of a local sandbox: namespaces, mounts, environment and the agent's argv.
 
 Owns: turning a SandboxSpec, the sandbox's state dir and its cgroup plan into the argv that `local.py` starts
-(bwrap ... -- python3 agent.py ...; a plain agent process when unsafe), and the whole environment the agent and its
-commands get. Pure but for reading which system directories exist on this host. Does not own: starting, watching
+(bwrap ... -- python3 -I -S agent.pyz ...; a plain agent process when unsafe), and the whole environment the agent
+and its commands get. Pure but for reading which system directories exist on this host. Does not own: starting, watching
 or removing sandboxes, state files, the judge's interpreter copy (`local.py`) or limits (`limits.py`); the layout
 inside the sandbox is described in `local.py`.
 """
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl.sandbox import limits
+from agentrl.sandbox.agent.protocol import ARTIFACT_NAME
 from agentrl.sandbox.base import SandboxSpec
 
 SANDBOX_UID = 1000
@@ -32,7 +33,7 @@ class Bubblewrap:
 
     bwrap: str | None  # the bwrap executable (None only when unsafe)
     python: str  # the agent's interpreter
-    agent_file: str  # the host's agent.py
+    agent_file: str  # the agent's artifact (artifact.py), bound read-only at AGENT_DIR/agent.pyz
     unsafe: bool  # no isolation: the agent as a plain process
     uid_separated: bool  # host root: the agent is root with AGENT_CAPS, commands run as SANDBOX_UID
     ro_binds: tuple[str, ...] = ()  # host paths bound read-only at the same place
@@ -43,7 +44,7 @@ class Bubblewrap:
         if self.unsafe:
             return [self.python, "-I", "-S", self.agent_file, "--unix", str(path / "run" / "agent.sock"),
                     "--workspace", str(path / "workspace")]
-        agent = [self.python, "-I", "-S", f"{AGENT_DIR}/agent.py", "--unix", f"{AGENT_DIR}/run/agent.sock",
+        agent = [self.python, "-I", "-S", f"{AGENT_DIR}/{ARTIFACT_NAME}", "--unix", f"{AGENT_DIR}/run/agent.sock",
                  "--workspace", WORKSPACE]
         if self.uid_separated:
             agent += ["--run-as", f"{SANDBOX_UID}:{SANDBOX_UID}"]
@@ -100,7 +101,7 @@ class Bubblewrap:
         if self.judge_python:  # the command user may traverse the agent's directory (not list it) to run it
             args += ["--perms", "0711", "--dir", AGENT_DIR,
                      "--ro-bind", self.judge_python, f"{AGENT_DIR}/judge-python"]
-        args += ["--ro-bind", self.agent_file, f"{AGENT_DIR}/agent.py",
+        args += ["--ro-bind", self.agent_file, f"{AGENT_DIR}/{ARTIFACT_NAME}",
                  "--bind", str(path / "run"), f"{AGENT_DIR}/run", *extra_binds,
                  "--remount-ro", "/"]  # the root tmpfs bwrap builds would otherwise be writable (and unlimited)
         return args

@@ -1,7 +1,8 @@
 """The data plane: `AgentClient` talks HTTP/1.1 to one in-sandbox agent; `Sandbox` is the handle a trajectory holds.
 
-Owns: the wire protocol to `agent.py` (a hand-rolled, minimal asyncio HTTP/1.1 client: keep-alive connections reused
-per sandbox, TCP_NODELAY, bearer token for tcp), per-request deadlines, and mapping failures to exceptions.
+Owns: the host's side of the agent's wire protocol (its constants are `agent/protocol.py`'s, shared with the agent:
+a hand-rolled, minimal asyncio HTTP/1.1 client: keep-alive connections reused per sandbox, TCP_NODELAY, bearer token
+for tcp), per-request deadlines, and mapping failures to exceptions.
 Does not own: creating or destroying sandboxes (backends), leasing them (pool).
 
 Exceptions raised by `Sandbox` methods:
@@ -20,8 +21,9 @@ Exceptions raised by `Sandbox` methods:
                                                was read (kind "changed_while_read"): the policy's doing, never infra
     FileNotFoundError                          404 from GET /file
 
-Files move as raw bytes (PUT / GET /file, see agent.py), FILE_CHUNK at a time on both sides: the agent never holds a
-file, and the host holds only the bytes the caller passed in or gets back (no base64 or JSON copies of them).
+Files move as raw bytes (PUT / GET /file, see agent/protocol.py), FILE_CHUNK at a time on both sides: the agent
+never holds a file, and the host holds only the bytes the caller passed in or gets back (no base64 or JSON copies
+of them).
     SandboxSurvivorsError (agentrl.errors      409 kind "survivors": processes of the sandbox user survived SIGKILL
       .PolicyError)                            (/kill_all, kill_leftovers): the policy's doing, scored
     ValueError                                 400: bad arguments
@@ -40,13 +42,25 @@ import time
 from typing import Any
 
 from agentrl.errors import PolicyError, SandboxDiedError, SandboxError
+from agentrl.sandbox.agent.protocol import (
+    EXEC,
+    FILE,
+    FILE_CHUNK,
+    FILE_DONE,
+    HEALTH,
+    KILL_ALL,
+    KIND_BAD_PATH,
+    KIND_NO_ROUTE,
+    KIND_NOT_REGULAR,
+    KIND_SURVIVORS,
+    KIND_TOO_LARGE,
+)
 from agentrl.sandbox.base import AgentEndpoint, ExecResult, SandboxHandle, SandboxSpec
 
 EXEC_GRACE_S = 10.0  # client-side deadline of an exec = its timeout + this (a hung agent never hangs the caller)
 IO_TIMEOUT_S = 60.0  # deadline of a file transfer, plus its size at IO_MIN_RATE
 IO_MIN_RATE = 16 * 1024 * 1024  # bytes/s a live agent moves a file at least (a slower one is taken for hung)
 READ_LIMIT = 256 * 1024 * 1024  # read_bytes' default limit: a larger file is refused (413) before it is sent
-FILE_CHUNK = 1 << 20  # bytes handed to the transport (write) or taken from it (read) at a time
 HEALTH_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 4  # per sandbox: concurrent requests beyond this wait
 IDLE_REUSE_S = 60.0  # an idle keep-alive connection older than this is closed, not reused (agent: 300 s)
@@ -261,14 +275,14 @@ def _raise_for(status: int, obj: dict[str, Any], what: str) -> None:
         return
     msg = f"{what}: {obj.get('error')}"
     kind = obj.get("kind")
-    if status == 403 or (status == 400 and kind == "bad_path"):
+    if status == 403 or (status == 400 and kind == KIND_BAD_PATH):
         raise SandboxPathError(msg)
-    if status == 409 and kind == "survivors":
+    if status == 409 and kind == KIND_SURVIVORS:
         raise SandboxSurvivorsError(msg)
-    if status == 413 or (status == 400 and kind == "not_regular"):
-        raise SandboxFileError(msg, kind or "too_large")
-    if status in (404, 405) and (kind == "no_route" or str(obj.get("error", "")).startswith("no route")):
-        # an agent of another protocol version (agent.py VERSION; before 2 it had no /file): a setup fault, infra
+    if status == 413 or (status == 400 and kind == KIND_NOT_REGULAR):
+        raise SandboxFileError(msg, kind or KIND_TOO_LARGE)
+    if status in (404, 405) and (kind == KIND_NO_ROUTE or str(obj.get("error", "")).startswith("no route")):
+        # an agent of another protocol version (protocol.VERSION; before 2 it had no /file): a setup fault, infra
         raise SandboxError(f"{msg} (the sandbox's agent does not speak this client's protocol: another version)")
     if status == 404:
         raise FileNotFoundError(msg)
@@ -337,7 +351,7 @@ class Sandbox:
                 payload[key] = value
         if kill_leftovers:
             payload["kill_leftovers"] = True
-        status, obj = await self.client.request("POST", "/exec", payload, timeout=limit + EXEC_GRACE_S)
+        status, obj = await self.client.request("POST", EXEC, payload, timeout=limit + EXEC_GRACE_S)
         _raise_for(status, obj, f"exec in sandbox {self.id}")
         result = ExecResult(**obj)
         if result.probes or result.resources:
@@ -347,7 +361,7 @@ class Sandbox:
     async def kill_all(self) -> int:
         """SIGKILL every process of the sandbox user (every process commands started, daemons included; with uid
         separation nothing of the agent) until none is left. Returns how many were killed. Call it before grading."""
-        status, obj = await self.client.request("POST", "/kill_all", {}, timeout=IO_TIMEOUT_S)
+        status, obj = await self.client.request("POST", KILL_ALL, {}, timeout=IO_TIMEOUT_S)
         _raise_for(status, obj, f"kill_all in sandbox {self.id}")
         if obj.get("probes"):  # refusals of processes that outlived their command, counted until now
             self._observed.append(ExecResult(exit_code=0, stdout="", stderr="", probes=obj["probes"]))
@@ -368,7 +382,7 @@ class Sandbox:
         data = content.encode() if isinstance(content, str) else content
         size = memoryview(data).nbytes
         status, raw = await self.client.exchange(
-            "PUT", f"/file?path={_quote(path)}&mode={mode}", data, content_type="application/octet-stream",
+            "PUT", f"{FILE}?path={_quote(path)}&mode={mode}", data, content_type="application/octet-stream",
             timeout=IO_TIMEOUT_S + size / IO_MIN_RATE)
         _raise_for(status, _decode(bytes(raw), status), f"write {path!r} in sandbox {self.id}")
 
@@ -376,13 +390,13 @@ class Sandbox:
         """The content of `path` (a bytearray: one buffer of the file's size, nothing copied after it arrived).
         A file larger than `limit` bytes is refused (SandboxFileError kind "too_large") before it is sent; one that
         changed size while read raises SandboxFileError kind "changed_while_read" (never a short or padded file)."""
-        status, raw = await self.client.exchange("GET", f"/file?path={_quote(path)}&max={int(limit)}", b"",
+        status, raw = await self.client.exchange("GET", f"{FILE}?path={_quote(path)}&max={int(limit)}", b"",
                                                  timeout=IO_TIMEOUT_S + limit / IO_MIN_RATE)
         what = f"read {path!r} in sandbox {self.id}"
         _raise_for(status, _decode(bytes(raw), status) if status != 200 else {}, what)
         if not isinstance(raw, bytearray) or not raw:
             raise SandboxError(f"{what}: the agent's answer is not a file's bytes (an agent of another version?)")
-        if raw[-1:] != b".":
+        if raw[-1:] != FILE_DONE:
             raise SandboxFileError(f"{what}: the file changed size while it was read", "changed_while_read")
         del raw[-1:]  # the status byte (shrinking a bytearray at its end copies nothing)
         return raw  # type: ignore[return-value]  # a bytearray: bytes' methods, no copy of a file of any size
@@ -393,7 +407,7 @@ class Sandbox:
     async def health(self) -> bool:
         """True when the agent answers; never raises for a dead agent."""
         try:
-            status, obj = await self.client.request("GET", "/health", None, timeout=HEALTH_TIMEOUT_S)
+            status, obj = await self.client.request("GET", HEALTH, None, timeout=HEALTH_TIMEOUT_S)
         except SandboxDiedError:
             return False
         if status == 200:
@@ -409,7 +423,7 @@ async def probe_health(endpoint: AgentEndpoint, *, timeout_s: float = 5.0) -> bo
     """One-shot health check of an agent on a fresh connection (used while a sandbox starts)."""
     client = AgentClient(endpoint, max_connections=1, connect_timeout_s=2.0)
     try:
-        status, obj = await client.request("GET", "/health", None, timeout=timeout_s)
+        status, obj = await client.request("GET", HEALTH, None, timeout=timeout_s)
         return status == 200 and obj.get("ok") is True
     except SandboxDiedError:
         return False

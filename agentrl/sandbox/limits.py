@@ -12,7 +12,7 @@ Separated layout (`prepare(..., separate=True)`, cgroup modes only): the sandbox
 
 so the policy's commands can exhaust their memory, pids or CPU without touching the control plane's: a memory
 cgroup's OOM killer only picks inside the cgroup that hit its limit, a full pids.max only fails forks counted in it,
-and a CPU quota only throttles the threads in it. The agent moves commands into `commands` itself (agent.py).
+and a CPU quota only throttles the threads in it. The agent moves commands into `commands` itself (agent/cgroups.py).
 
 The launch wrapper is `/bin/sh -c JOIN sh <cgroup.procs files> -- prlimit --X=N ... -- <command>` rather than a
 Python `preexec_fn`, so `subprocess` keeps using vfork (a fork of a process holding a model costs milliseconds

@@ -59,7 +59,8 @@ from pathlib import Path
 
 from agentrl.errors import ConfigError, MissingDependencyError, SandboxStartError
 from agentrl.sandbox import limits
-from agentrl.sandbox.agent import READY_LINE
+from agentrl.sandbox.agent.protocol import READY_LINE
+from agentrl.sandbox.artifact import shipped
 from agentrl.sandbox.base import SIGKILL_UNPROVEN, AgentEndpoint, SandboxHandle, SandboxSpec
 from agentrl.sandbox.bubblewrap import SANDBOX_UID, WORKSPACE, Bubblewrap
 from agentrl.sandbox.ownership import alive as process_alive
@@ -136,7 +137,7 @@ class LocalBackend:
         self._limiter: limits.Limiter | None = None
         self._limiter_lock = threading.Lock()  # detection runs in worker threads (blocking cgroupfs I/O)
         self._live: dict[str, _Live] = {}
-        self._agent_file = str(Path(__file__).with_name("agent.py"))
+        self._agent_file = str(shipped())  # the agent's artifact (artifact.py), bound read-only into each sandbox
         self._judge_python: str | None = None  # made by the first _prepare (uid-separated only)
         self._judge_lock = threading.Lock()
         if len(str(self.state_root / ("0" * 12) / "run" / "agent.sock")) > 100:

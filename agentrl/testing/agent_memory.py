@@ -2,9 +2,9 @@
 must not depend on the data it carries).
 
 The agent is found on the host as the top-most process below a sandbox's root process (bubblewrap for the local
-backend, the container's init for docker) whose command line runs `agent.py`; its peak resident memory is the
-kernel's VmHWM in /proc/<pid>/status (KiB), which only grows. Linux only; the caller must be allowed to read the
-process's status (root, or the same uid).
+backend, the container's init for docker) whose command line runs the agent's artifact (`agent.pyz`); its peak
+resident memory is the kernel's VmHWM in /proc/<pid>/status (KiB), which only grows. Linux only; the caller must be
+allowed to read the process's status (root, or the same uid).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+
+from agentrl.sandbox.artifact import is_agent_path
 
 
 def _children(pid: int) -> list[int]:
@@ -34,16 +36,16 @@ def _cmdline(pid: int) -> list[str]:
 
 
 def agent_pid(root: int) -> int:
-    """The host pid of the agent below (or at) `root`: the first python process, breadth first, that runs agent.py
-    (an init such as docker-init names it among its arguments too)."""
+    """The host pid of the agent below (or at) `root`: the first python process, breadth first, that runs the agent's
+    artifact (an init such as docker-init names it among its arguments too)."""
     queue = [root]
     while queue:
         pid = queue.pop(0)
         argv = _cmdline(pid)
-        if argv and "python" in argv[0].rsplit("/", 1)[-1] and any(a.endswith("agent.py") for a in argv[1:]):
+        if argv and "python" in argv[0].rsplit("/", 1)[-1] and any(is_agent_path(a) for a in argv[1:]):
             return pid
         queue += _children(pid)
-    raise LookupError(f"no process running agent.py below pid {root}")
+    raise LookupError(f"no process running the agent (agent.pyz) below pid {root}")
 
 
 def _status_kib(pid: int, field: str) -> int:

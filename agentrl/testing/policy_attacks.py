@@ -1,4 +1,4 @@
-"""Attacks on what the syscall policy and the agent's counters observe (agentrl/sandbox/agent.py, SECCOMP_SOURCE and
+"""Attacks on what the syscall policy and the agent's counters observe (agentrl/sandbox/agent/: seccomp.py and
 ResourceCounters, SignalTargets, NetAttempts), as reusable checks that every tier runs through
 `sandbox_attacks.ALL` / `RESOURCE_ATTACKS`: probes of kernel interfaces a task never needs are refused and counted,
 an OOM kill the exit code hides is counted, signals to processes the command did not start and attempts to reach a
@@ -88,7 +88,7 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
         argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
     except OSError:
         continue
-    if any(a.endswith(b"agent.py") for a in argv) and b"--workspace" in argv:
+    if any(a.rsplit(b"/", 1)[-1].startswith(b"agent") and a.endswith(b".pyz") for a in argv) and b"--workspace" in argv:
         agent = int(pid)
     if b"agentrl command " + b"spawner" in b" ".join(argv) and os.stat(f"/proc/{pid}/mem").st_uid != os.getuid():
         spawner = int(pid)  # the command user's, but its /proc/PID/mem is root's: non-dumpable
@@ -132,7 +132,7 @@ import fcntl, os, socket, struct
 agent = spawner = 0
 for pid in filter(str.isdigit, os.listdir("/proc")):
     argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-    if any(a.endswith(b"agent.py") for a in argv) and b"--workspace" in argv:
+    if any(a.rsplit(b"/", 1)[-1].startswith(b"agent") and a.endswith(b".pyz") for a in argv) and b"--workspace" in argv:
         agent = int(pid)
     if b"agentrl command " + b"spawner" in b" ".join(argv) and os.stat(f"/proc/{pid}/mem").st_uid != os.getuid():
         spawner = int(pid)

@@ -24,7 +24,8 @@ def agent_of():
             argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
         except OSError:
             continue
-        if any(a.endswith(b"agent.py") for a in argv) and b"--workspace" in argv:
+        shipped = any(a.rsplit(b"/", 1)[-1].startswith(b"agent") and a.endswith(b".pyz") for a in argv)  # agent.pyz
+        if shipped and b"--workspace" in argv:
             return int(pid), argv[argv.index(b"--unix") + 1].decode() if b"--unix" in argv else ""
     return None
 """

@@ -48,9 +48,9 @@ def _agents() -> list[int]:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        # the agent itself: an interpreter running agent.py (not docker-init or the alarm wrapper around it)
+        # the agent itself: an interpreter running agent.pyz (not docker-init or the alarm wrapper around it)
         if (b"--workspace" in argv and b"-c" not in argv and Path(argv[0].decode(errors="replace")).name.startswith(
-                "python") and any(a.endswith(b"/agent.py") for a in argv)):
+                "python") and any(a.endswith(b"/agent.pyz") for a in argv)):
             out.append(int(pid))
     return out
 

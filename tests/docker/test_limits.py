@@ -30,7 +30,7 @@ async def test_runs_unprivileged_on_a_read_only_root(make_sandbox) -> None:
         assert status == {"CapEff:": "0000000000000000", "CapPrm:": "0000000000000000",
                           "CapAmb:": "0000000000000000", "CapBnd:": bounding, "NoNewPrivs:": "1",
                           "Seccomp:": "2"}, r.stdout  # 2 = a seccomp filter (Docker's default profile)
-        for path in ("/var/tmp/x", "/agentrl/agent.py"):  # /var/tmp is world-writable in the image
+        for path in ("/var/tmp/x", "/agentrl/agent.pyz"):  # /var/tmp is world-writable in the image
             w = await sb.exec(f"echo x > {path}")
             assert w.exit_code != 0 and "Read-only file system" in w.stderr, w
         for path in ("/etc/x", "/usr/lib/x", "/root/x"):

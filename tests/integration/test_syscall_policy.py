@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from agentrl.sandbox import SandboxPool, SandboxSpec
-from agentrl.sandbox.agent import _POLICY
+from agentrl.sandbox.agent import seccomp
 from tests.integration.test_sandbox_local import needs_bwrap
 
 pytestmark = [needs_bwrap, pytest.mark.skipif(os.geteuid() != 0, reason="uid separation needs a root host user")]
 SPEC = SandboxSpec(memory="256m", pids=128, disk="64m", default_timeout_s=20)
-NR = {name: nr for text in (*_POLICY["ALLOWED"].values(), _POLICY["PROBES"])
-      for name, nr in _POLICY["table"](text, _POLICY["ARCHES"][os.uname().machine][1]).items()}
+NR = {name: nr for text in (*seccomp.ALLOWED.values(), seccomp.PROBES)
+      for name, nr in seccomp.table(text, seccomp.ARCHES[os.uname().machine][1]).items()}
 CALL = f"""
 import ctypes, sys
 libc = ctypes.CDLL(None, use_errno=True)

@@ -442,7 +442,8 @@ class FakeKubernetes:
             meta[field] = cur_meta[field]
         if route.resource == "pods":
             _check_pod_update(current, new)
-        if current.get("immutable") and (new.get("data") != current.get("data") or not new.get("immutable")):
+        if current.get("immutable") and (new.get("data") != current.get("data") or not new.get("immutable")
+                                         or new.get("binaryData") != current.get("binaryData")):
             raise Reject(422, "Invalid", f'{route.resource} "{route.name}" is immutable: data cannot change')
         if route.sub != "status" and "status" in current:
             new["status"] = current["status"]

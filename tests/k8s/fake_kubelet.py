@@ -178,8 +178,10 @@ class FakeKubelet:
                     if self.api.get("pods", run.ns, run.name) is None:
                         return False
                     await asyncio.sleep(0.05)
-                for key, value in (src.get("data") or {}).items():
-                    data = base64.b64decode(value) if kind == "secrets" else value.encode()
+                files = {key: base64.b64decode(value) if kind == "secrets" else value.encode()
+                         for key, value in (src.get("data") or {}).items()}
+                files.update({key: base64.b64decode(value) for key, value in (src.get("binaryData") or {}).items()})
+                for key, data in files.items():
                     (path / key).write_bytes(data)
                     (path / key).chmod(ref.get("defaultMode", 0o644))
         return True

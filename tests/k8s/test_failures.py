@@ -300,7 +300,7 @@ def _kill_agent_of(pod: str) -> int:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if any(a.endswith(b"agent.py") for a in argv) and f"agentrl-relay-{pod}".encode() in argv:
+        if any(a.endswith(b"agent.pyz") for a in argv) and f"agentrl-relay-{pod}".encode() in argv:
             os.kill(int(entry), signal.SIGKILL)
             killed += 1
     return killed

@@ -181,26 +181,26 @@ def test_config_errors_name_the_field() -> None:
 
 def test_init_script_writes_the_token_the_backend_derives(tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "agent.py").write_text("# agent\n")
+    (tmp_path / "src" / "agent.pyz").write_text("# agent\n")
     (tmp_path / "key").write_bytes(b"s3cret-key\n")
     (tmp_path / "dst").mkdir()
-    subprocess.run([sys.executable, "-c", INIT_SCRIPT, str(tmp_path / "src" / "agent.py"), str(tmp_path / "key"),
+    subprocess.run([sys.executable, "-c", INIT_SCRIPT, str(tmp_path / "src" / "agent.pyz"), str(tmp_path / "key"),
                     str(tmp_path / "dst")], env={**os.environ, "POD_NAME": "pool-abc"}, check=True)
     token = (tmp_path / "dst" / "token").read_text()
     assert token == derive_token(b"s3cret-key", "pool-abc") != derive_token(b"s3cret-key", "pool-abd")
     assert (tmp_path / "dst" / "token").stat().st_mode & 0o777 == 0o400
-    assert (tmp_path / "dst" / "agent.py").read_text() == "# agent\n"
+    assert (tmp_path / "dst" / "agent.pyz").read_text() == "# agent\n"
 
 
 def test_init_script_leaves_an_execute_only_copy_of_the_images_python(tmp_path: Path) -> None:
     """Sandbox.judge_python on kubernetes: /agentrl/judge-python, the image's python3, 0111 (graders started from
     it are non-dumpable from their execve; the agent reports it when the command user cannot read it)."""
     (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "agent.py").write_text("# agent\n")
+    (tmp_path / "src" / "agent.pyz").write_text("# agent\n")
     (tmp_path / "key").write_bytes(b"k\n")
     (tmp_path / "dst").mkdir()
     python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))  # not a venv's: the image's own
-    subprocess.run([python, "-c", INIT_SCRIPT, str(tmp_path / "src" / "agent.py"), str(tmp_path / "key"),
+    subprocess.run([python, "-c", INIT_SCRIPT, str(tmp_path / "src" / "agent.pyz"), str(tmp_path / "key"),
                     str(tmp_path / "dst")], env={**os.environ, "POD_NAME": "p"}, check=True)
     copy = tmp_path / "dst" / "judge-python"
     assert copy.stat().st_mode & 0o7777 == 0o111

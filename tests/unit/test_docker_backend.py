@@ -110,7 +110,7 @@ def test_spec_becomes_limits_and_hardening(tmp_path: Path) -> None:
     # Docker's profile would refuse some probes first, uncounted; without a spawner Docker's default stays on
     assert hc["SecurityOpt"] == ["no-new-privileges", *(["seccomp=unconfined"] if os.geteuid() == 0 else [])]
     assert f"size={64 * 1024**2}" in hc["Tmpfs"]["/workspace"] and "/tmp" in hc["Tmpfs"]
-    assert any(b.endswith(":/agentrl/agent.py:ro") for b in hc["Binds"])
+    assert any(b.endswith(":/agentrl/agent.pyz:ro") for b in hc["Binds"])
     assert any(b.endswith(":/agentrl-sock:rw") for b in hc["Binds"])
     if os.geteuid() == 0:  # uid separation: the agent is container root with 3 capabilities, commands are 1000
         assert cfg["user"] == "0:0" and sorted(hc["CapAdd"]) == ["KILL", "SETGID", "SETUID"]

@@ -1,5 +1,6 @@
-"""The in-sandbox agent (agent.py) and its client (client.py), without bubblewrap: the agent runs as a plain
-process on a unix socket (or tcp + token) in a tmp dir, and every request goes through the real AgentClient."""
+"""The in-sandbox agent (the package agentrl/sandbox/agent, run as its artifact agent.pyz) and its client (client.py),
+without bubblewrap: the agent runs as a plain process on a unix socket (or tcp + token) in a tmp dir, and every
+request goes through the real AgentClient."""
 
 from __future__ import annotations
 
@@ -19,18 +20,20 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import SandboxDiedError, SandboxError
-from agentrl.sandbox import agent as agent_mod
+from agentrl.sandbox import artifact as agent_artifact
+from agentrl.sandbox.agent import paths, protocol, server
 from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
 from agentrl.sandbox.client import AgentClient, Sandbox, SandboxFileError, SandboxPathError
 
-AGENT = agent_mod.__file__
+AGENT = str(agent_artifact.artifact_path())  # what every backend ships: python3 -I -S agent.pyz ARGS
+PKG_PARENT = str(agent_artifact.PACKAGE_DIR.parent)  # on sys.path, `import agent` gets the package as in the artifact
 
 
 def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-I", "-S", AGENT, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env)
     line = proc.stdout.readline().decode().strip()
-    if line != agent_mod.READY_LINE:
+    if line != protocol.READY_LINE:
         proc.kill()
         raise RuntimeError(f"agent did not start: {line!r} {proc.stderr.read().decode()}")
     return proc
@@ -353,7 +356,7 @@ async def test_run_as_separates_commands_and_files_from_the_agent(separated) -> 
 NO_EXEC_PER_COMMAND = """
 import json, os, subprocess, sys
 sys.path.insert(0, sys.argv[1])
-import agent
+from agent import handlers, identity as ids, server
 started = []
 
 class Recording(subprocess.Popen):
@@ -361,12 +364,12 @@ class Recording(subprocess.Popen):
         super().__init__(args, *a, **k)
         started.append({"pid": self.pid, "argv": [str(x)[:40] for x in args]})
 
-agent.subprocess.Popen = Recording
-identity = agent.Identity((int(sys.argv[3]), int(sys.argv[3])))
-libc = agent._prctl_setup()
+subprocess.Popen = Recording  # every Popen of the agent's modules
+identity = ids.Identity((int(sys.argv[3]), int(sys.argv[3])))
+libc = ids.prctl_setup()
 identity.setup(libc, sys.argv[2])
-a = agent.Agent(sys.argv[2], identity, libc=libc)
-out = [agent._handle(a, "POST", "/exec", json.dumps({"cmd": c}).encode())[1]
+a = handlers.Agent(sys.argv[2], identity, libc=libc)
+out = [server._handle(a, "POST", "/exec", json.dumps({"cmd": c}).encode())[1]
        for c in (["id", "-u"], ["true"], "echo $PPID; cat /proc/self/oom_score_adj", ["no-such-command-x"],
                  "grep -E '^(Cap(Inh|Prm|Eff|Amb)|NoNewPrivs|Groups):' /proc/self/status")]
 print(json.dumps({"results": out, "popen": started}))
@@ -378,7 +381,7 @@ def test_separated_commands_start_without_an_exec_of_setpriv_per_command(separat
     commands' parent), never a Popen of setpriv per command; it is still OOM-first, and exec errors are still
     126/127 results."""
     sb, proc, ws, uid = separated
-    out = subprocess.run([sys.executable, "-I", "-c", NO_EXEC_PER_COMMAND, str(Path(AGENT).parent), str(ws),
+    out = subprocess.run([sys.executable, "-I", "-c", NO_EXEC_PER_COMMAND, PKG_PARENT, str(ws),
                           str(uid)], capture_output=True, text=True, timeout=120)
     report = json.loads(out.stdout)
     ident, true, parent, missing, privileges = report["results"]
@@ -507,7 +510,7 @@ async def test_an_agent_without_the_file_routes_is_a_version_error_not_a_missing
         await sb.close()
 
 
-def _sent(body: "agent_mod.FileBody") -> bytes:
+def _sent(body: server.FileBody) -> bytes:
     """What FileBody.send puts on a connection (read by a thread while it sends)."""
     a, b = socket.socketpair()
     got = bytearray()
@@ -533,7 +536,7 @@ def test_a_file_that_changes_size_while_read_is_never_a_short_file(tmp_path: Pat
     path = tmp_path / "moving.bin"
     path.write_bytes(b"x" * (3 << 20))
     fd = os.open(path, os.O_RDONLY)
-    body = agent_mod.FileBody(fd, os.fstat(fd).st_size)
+    body = server.FileBody(fd, os.fstat(fd).st_size)
     if change == "shrinks":
         os.truncate(path, 1000)
     elif change == "grows":
@@ -695,16 +698,16 @@ async def test_a_command_that_leaves_nothing_behind_never_pays_the_exit_grace(tm
 SURVIVORS = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-import agent
-agent.KILL_ALL_DEADLINE_S = 0.2
-agent._descendants = lambda: {4194999}  # a process that never goes away, as one stuck in the kernel
-a = agent.Agent(sys.argv[2])
-print(json.dumps(agent._handle(a, "POST", "/kill_all", b"{}")))
+from agent import handlers, server
+handlers.KILL_ALL_DEADLINE_S = 0.2
+handlers.descendants = lambda: {4194999}  # a process that never goes away, as one stuck in the kernel
+a = handlers.Agent(sys.argv[2])
+print(json.dumps(server._handle(a, "POST", "/kill_all", b"{}")))
 """
 
 
 def test_processes_that_survive_kill_all_are_a_409_not_a_500(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-I", "-c", SURVIVORS, str(Path(AGENT).parent), str(tmp_path)],
+    out = subprocess.run([sys.executable, "-I", "-c", SURVIVORS, PKG_PARENT, str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     status, body = json.loads(out.stdout)
     assert status == 409 and body["kind"] == "survivors", out
@@ -742,17 +745,17 @@ def test_a_symlink_swapped_in_after_resolution_is_refused_not_followed(tmp_path:
     """Between resolving a path and opening it a command may replace a directory on it by a symlink out of the
     workspace: the open (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS) refuses it; O_NOFOLLOW alone guards only the
     last component and would have opened the file outside."""
-    if not agent_mod._Openat2.usable():
+    if not paths._Openat2.usable():
         pytest.skip("openat2 is not available on this kernel (the agent falls back to O_NOFOLLOW)")
     root = tmp_path / "ws"
     root.mkdir()
     (tmp_path / "secret.txt").write_text("secret")
     (root / "sub").symlink_to(tmp_path)  # was a directory when the path was resolved
-    with pytest.raises(agent_mod.HTTPError) as info:
-        agent_mod.open_regular(str(root / "sub" / "secret.txt"), (str(root),), os.O_RDONLY, 0, "sub/secret.txt")
+    with pytest.raises(protocol.HTTPError) as info:
+        paths.open_regular(str(root / "sub" / "secret.txt"), (str(root),), os.O_RDONLY, 0, "sub/secret.txt")
     assert (info.value.status, info.value.kind) == (400, "bad_path")
     (root / "ok.txt").write_text("fine")
-    fd = agent_mod.open_regular(str(root / "ok.txt"), (str(root),), os.O_RDONLY, 0, "ok.txt")
+    fd = paths.open_regular(str(root / "ok.txt"), (str(root),), os.O_RDONLY, 0, "ok.txt")
     assert os.read(fd, 10) == b"fine"
     os.close(fd)
 
@@ -804,7 +807,7 @@ def relayed(tmp_path: Path) -> Iterator[tuple[Sandbox, subprocess.Popen, subproc
     """The kubernetes layout on one host: the relay (RELAY_SOURCE, the sandbox container's main process) and an agent
     with --relay NAME and --run-as a uid no other process uses; `python3` on PATH is this interpreter."""
     base, uid, name, env = _relay_layout("relay", 7)
-    relay = subprocess.Popen([sys.executable, "-I", "-S", "-c", agent_mod.RELAY_SOURCE, name], env=env)
+    relay = subprocess.Popen([sys.executable, "-I", "-S", "-c", agent_artifact.relay_source(), name], env=env)
     time.sleep(0.3)
     proc = _start(["--unix", str(base / "a.sock"), "--workspace", str(base / "ws"), "--run-as", f"{uid}:{uid}",
                    "--relay", name], env=env)
@@ -907,12 +910,12 @@ async def test_a_relay_of_another_uid_is_never_trusted(relayed) -> None:
 NO_FORK_KILL = """
 import json, os, signal, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-import agent
+from agent import handlers, identity as ids
 uid = int(sys.argv[2])
-identity = agent.Identity((uid, uid))
-libc = agent._prctl_setup()
+identity = ids.Identity((uid, uid))
+libc = ids.prctl_setup()
 identity.setup(libc, sys.argv[3])
-a = agent.Agent(sys.argv[3], identity, libc=libc)
+a = handlers.Agent(sys.argv[3], identity, libc=libc)
 def no_fork():
     raise OSError(11, "fork refused (the pids limit is full)")
 a._fork_killer = no_fork
@@ -940,7 +943,7 @@ def test_kill_all_needs_no_fork(tmp_path: Path) -> None:
     uid = 60000 + (os.getpid() + 11) % 5000
     ws = tmp_path / "ws"
     ws.mkdir()
-    out = subprocess.run([sys.executable, "-I", "-c", NO_FORK_KILL, str(Path(AGENT).parent), str(uid), str(ws)],
+    out = subprocess.run([sys.executable, "-I", "-c", NO_FORK_KILL, PKG_PARENT, str(uid), str(ws)],
                          capture_output=True, text=True, timeout=60)
     report = json.loads(out.stdout or "{}") if out.returncode == 0 else out.stderr
     assert isinstance(report, dict), report
@@ -951,17 +954,17 @@ def test_kill_all_needs_no_fork(tmp_path: Path) -> None:
 NO_THREADS = """
 import os, socket, sys, threading
 sys.path.insert(0, sys.argv[1])
-import agent
+from agent import handlers, protocol, server
 os.makedirs(sys.argv[2], exist_ok=True)
-a = agent.Agent(sys.argv[2])
+a = handlers.Agent(sys.argv[2])
 srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 srv.bind(sys.argv[3])
 srv.listen(16)
-acc = agent.Acceptor(srv, a, None)
+acc = server.Acceptor(srv, a, None)
 def refuse(self):
     raise RuntimeError("can't start new thread")
 threading.Thread.start = refuse  # from now on no thread can start (a full pids limit)
-print(agent.READY_LINE, flush=True)
+print(protocol.READY_LINE, flush=True)
 acc.serve_forever()
 """
 
@@ -971,11 +974,11 @@ async def test_connections_are_served_when_no_thread_can_start(tmp_path: Path) -
     limit with the commands), new connections, more at once than kept workers, are still served (the extra ones as
     soon as a kept worker is free), not refused."""
     sock = tmp_path / "a.sock"
-    proc = subprocess.Popen([sys.executable, "-I", "-c", NO_THREADS, str(Path(AGENT).parent), str(tmp_path / "ws"),
+    proc = subprocess.Popen([sys.executable, "-I", "-c", NO_THREADS, PKG_PARENT, str(tmp_path / "ws"),
                              str(sock)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        assert proc.stdout.readline().decode().strip() == agent_mod.READY_LINE
-        boxes = [_sandbox(sock) for _ in range(agent_mod.PARKED_WORKERS + 2)]
+        assert proc.stdout.readline().decode().strip() == protocol.READY_LINE
+        boxes = [_sandbox(sock) for _ in range(server.PARKED_WORKERS + 2)]
         results = await asyncio.gather(*(b.exec(f"sleep 0.2; echo {i}") for i, b in enumerate(boxes)))
         assert [r.stdout for r in results] == [f"{i}\n" for i in range(len(boxes))], results
         for b in boxes:
@@ -1001,9 +1004,9 @@ async def test_the_agent_is_ready_only_once_the_relay_answers(tmp_path: Path) ->
     try:
         await asyncio.sleep(1.0)
         assert not (base / "a.sock").exists() and agent.poll() is None, "listening before the relay answered"
-        relay = subprocess.Popen([sys.executable, "-I", "-S", "-c", agent_mod.RELAY_SOURCE, name], env=env)
+        relay = subprocess.Popen([sys.executable, "-I", "-S", "-c", agent_artifact.relay_source(), name], env=env)
         line = await asyncio.to_thread(agent.stdout.readline)
-        assert line.decode().strip() == agent_mod.READY_LINE
+        assert line.decode().strip() == protocol.READY_LINE
         sb = _sandbox(base / "a.sock")
         assert (await sb.exec("echo first")).stdout == "first\n"
         await sb.close()

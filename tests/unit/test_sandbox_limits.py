@@ -1,4 +1,4 @@
-"""The separated cgroup layout of local sandboxes (limits.py) and the agent's side of it (agent.CommandCgroup), on a
+"""The separated cgroup layout of local sandboxes (limits.py) and the agent's side of it (CommandCgroup), on a
 directory tree that stands in for a cgroup hierarchy: which files get which limits, where bubblewrap is launched,
 and how a command joins `commands` under cgroup v2 (a host without v2 controllers cannot run that for real)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.sandbox import limits
-from agentrl.sandbox.agent import CommandCgroup
+from agentrl.sandbox.agent.cgroups import CommandCgroup
 from agentrl.sandbox.base import SandboxSpec
 
 SPEC = SandboxSpec(memory="256m", pids=64, cpus=0.5)

@@ -15,7 +15,7 @@ of: cgroup v2, the systemd driver): the agent's container (its own 0.25 CPU, pid
 tmpfs volume it writes into: `specs.agent_container_memory`) and `<name>-cmd`, the commands' container with the
 spec's limits, in the agent container's pid, ipc and network namespaces, both mounting
 the same tmpfs volumes (`<name>-vN`: /agentrl, /workspace, /tmp, the writable dirs); its main process is the relay
-(agent.py RELAY_SOURCE: root with SETUID / SETGID only), which starts the agent's command spawner there, as on
+(agent/relay_program.py, as text: root with SETUID / SETGID only), which starts the agent's command spawner there, as on
 Kubernetes. A non-root host side gets neither: the container's limits cover the agent and its commands together
 and the agent says so (`resources_separated: false`); every death is then the policy's.
 """

@@ -4,12 +4,13 @@ its death cause from the engine's state. Pure functions of the spec, the host si
 
 One sandbox = one container:
 
-    command    python3 (alarm at ttl_s, then exec) python3 /agentrl/agent.py --unix /agentrl-sock/agent.sock
+    command    python3 (alarm at ttl_s, then exec) python3 -I -S /agentrl/agent.pyz --unix /agentrl-sock/agent.sock
                --workspace /workspace [--run-as 1000:1000]; docker-init (tini) is pid 1. As container root, the
                first python3 also copies itself to /agentrl/judge-python, mode 0111: the image's own interpreter,
                executable but not readable by the command user, so graders started from it are non-dumpable from
                their execve (`Sandbox.judge_python`; any image with python3, none when it is a venv's)
-    mounts     a small root-owned tmpfs at /agentrl; agent.py read-only at /agentrl/agent.py; the host socket dir at
+    mounts     a small root-owned tmpfs at /agentrl; the agent's artifact (sandbox/artifact.py) read-only at
+               /agentrl/agent.pyz; the host socket dir at
                /agentrl-sock;
                tmpfs /workspace, /tmp and each of spec.writable_dirs (size = spec.disk, owned by the sandbox user;
                the agent gets --writable for the latter)
@@ -38,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.sandbox import limits
-from agentrl.sandbox.agent import RELAY_SOURCE
+from agentrl.sandbox.agent.protocol import ARTIFACT_NAME
+from agentrl.sandbox.artifact import relay_source, shipped
 from agentrl.sandbox.base import SIGKILL_UNPROVEN, SandboxHandle, SandboxSpec
 from agentrl.sandbox.docker.separation import separated_config
 from agentrl.sandbox.ownership import OwnerRecord, caller_run_id, owner_gone, sweep_selects, ttl_passed
@@ -58,15 +60,14 @@ L_CGROUPS = "agentrl.cgroups"  # the sandbox's host cgroup directories (resource
 L_SANDBOX, L_ROLE, L_VOLUMES = "agentrl.sandbox", "agentrl.role", "agentrl.volumes"
 COMMANDS_SUFFIX = "-cmd"  # two containers: the commands' container is named <sandbox>-cmd
 AGENT_CONTAINER_CPUS, AGENT_CONTAINER_MEMORY = 0.25, 256 << 20  # two containers: the agent's own working set
-AGENT_DIR_BYTES = 64 << 20  # the /agentrl tmpfs (agent.py bound inside, judge-python copied by root)
+AGENT_DIR_BYTES = 64 << 20  # the /agentrl tmpfs (agent.pyz bound inside, judge-python copied by root)
 AGENT_DIR = "/agentrl"
-AGENT_PATH = f"{AGENT_DIR}/agent.py"
-AGENT_FILE = Path(__file__).parent.parent / "agent.py"  # the host's agent.py, bound at AGENT_PATH
+AGENT_PATH = f"{AGENT_DIR}/{ARTIFACT_NAME}"
 SOCK_DIR = "/agentrl-sock"
 WORKSPACE = "/workspace"
 SANDBOX_UID = 1000
 AGENT_CAPS = ["SETUID", "SETGID", "KILL"]  # the workspace tmpfs is created owned by 1000: no CAP_CHOWN needed
-JUDGE_PYTHON = f"{AGENT_DIR}/judge-python"  # where the agent looks for it: next to agent.py
+JUDGE_PYTHON = f"{AGENT_DIR}/judge-python"  # where the agent looks for it: next to agent.pyz
 # argv: TTL, then the command to exec; SIGALRM's default action ends the agent at the TTL (the alarm survives exec).
 # First, as root: the execute-only copy of this interpreter for graders (best effort: graders fall back without it).
 _TTL_EXEC = f"""import os, shutil, signal, sys
@@ -88,7 +89,7 @@ class HostSide:
 
     root: bool  # the host side is root: uid separation (the agent container root, the commands SANDBOX_UID)
     command_user: str  # "uid:gid" of the commands and owner of the workspace
-    agent_file: Path  # the host's agent.py, bound read-only at AGENT_PATH
+    agent_file: Path  # the agent's artifact (this tree's, another artifact, an agent dir's), bound ro at AGENT_PATH
     network: str  # the Docker network of sandboxes whose spec allows network
 
     @classmethod
@@ -96,8 +97,7 @@ class HostSide:
         """This process: separated from the (root) agent, commands are 1000; otherwise they are the host user."""
         root = os.geteuid() == 0
         user = f"{SANDBOX_UID}:{SANDBOX_UID}" if root else f"{os.geteuid()}:{os.getegid()}"
-        return cls(root=root, command_user=user, agent_file=Path(agent_file) if agent_file is not None
-                   else AGENT_FILE, network=network)
+        return cls(root=root, command_user=user, agent_file=shipped(agent_file), network=network)
 
 
 # ------------------------------------------------------------------ labels and the sweep rule
@@ -213,7 +213,7 @@ def _ulimits() -> list[Any]:
 def commands_config(api: Any, handle: SandboxHandle, spec: SandboxSpec, volumes: dict[str, str]) -> dict:
     """Two containers: where the commands run, with the spec's limits, in the agent container's pid, ipc and
     network namespaces; its main process is the relay (uid 0, only SETUID / SETGID), which starts the agent's
-    command spawner here (agent.py --relay). `api`: a docker.APIClient, for its host-config builder (no request)."""
+    command spawner here (the agent's --relay). `api`: a docker.APIClient, for its host-config builder (no request)."""
     name = handle.id + COMMANDS_SUFFIX  # commands_container(handle) once the volumes are labelled
     binds = {vol: {"bind": path, "mode": "ro" if path == AGENT_DIR else "rw"} for path, vol in volumes.items()}
     host_config = api.create_host_config(
@@ -226,7 +226,7 @@ def commands_config(api: Any, handle: SandboxHandle, spec: SandboxSpec, volumes:
         log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
     )
     return {"image": spec.image, "name": name, "user": "0:0", "working_dir": WORKSPACE,
-            "command": ["python3", "-I", "-S", "-c", RELAY_SOURCE, relay_name(handle.id)],
+            "command": ["python3", "-I", "-S", "-c", relay_source(), relay_name(handle.id)],
             "labels": {**handle.labels, L_SANDBOX: handle.id, L_ROLE: "commands"},
             "environment": {"HOME": WORKSPACE}, "host_config": host_config}
 
@@ -254,7 +254,7 @@ def container_config(api: Any, handle: SandboxHandle, spec: SandboxSpec, sock_di
         extra_binds, agent_args = {}, []
     tmpfs = {} if volumes is not None else {
         WORKSPACE: tmpfs_opts, "/tmp": f"size={spec.disk_bytes},mode=1777,exec",
-        AGENT_DIR: f"size={AGENT_DIR_BYTES},mode=0755,exec",  # root's: agent.py bound inside, judge-python copied
+        AGENT_DIR: f"size={AGENT_DIR_BYTES},mode=0755,exec",  # root's: agent.pyz bound inside, judge-python copied
         **{d: tmpfs_opts for d in spec.writable_dirs}}  # e.g. /repo: owned by the command user
     host_config = api.create_host_config(
         binds={str(host.agent_file): {"bind": AGENT_PATH, "mode": "ro"},
@@ -268,7 +268,7 @@ def container_config(api: Any, handle: SandboxHandle, spec: SandboxSpec, sock_di
         ulimits=_ulimits(),
         log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
     )
-    agent = ["python3", AGENT_PATH, "--unix", f"{SOCK_DIR}/agent.sock", "--workspace", WORKSPACE]
+    agent = ["python3", "-I", "-S", AGENT_PATH, "--unix", f"{SOCK_DIR}/agent.sock", "--workspace", WORKSPACE]
     if host.root:
         agent += ["--run-as", host.command_user]
     if spec.writable_dirs:

@@ -38,6 +38,7 @@ from agentrl.errors import (
     SandboxError,
     SandboxStartError,
 )
+from agentrl.sandbox.artifact import shipped_bytes
 from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
 from agentrl.sandbox.client import probe_health
 from agentrl.sandbox.kubernetes.api import (
@@ -138,11 +139,11 @@ class KubernetesBackend:
         self.config = config or KubernetesSandboxConfig(**fields)
         self._api_host = api_host
         self.owner = owner or Owner.from_env(secrets.token_hex(6))
-        self._agent_file = Path(agent_file) if agent_file is not None else Path(__file__).parent.parent / "agent.py"
+        self._agent_file = agent_file  # None: this tree's agent; else an artifact or an agent package directory
         self.api: KubeApi | None = None
         self.plane: Any = None
         self._key = b""
-        self._agent_source = ""
+        self._agent_artifact = b""
         self._bootstrapped = False
         self._start_lock = asyncio.Lock()
         self._closed = False
@@ -170,9 +171,9 @@ class KubernetesBackend:
         c = self.config
         configuration = await asyncio.to_thread(load_client_configuration, c.kubeconfig, c.context, self._api_host)
         self.api = KubeApi(configuration, threads=c.threads, qps=c.qps, burst=c.burst, timeout_s=c.api_timeout_s)
-        self._agent_source = await asyncio.to_thread(self._agent_file.read_text)
+        self._agent_artifact = await asyncio.to_thread(shipped_bytes, self._agent_file)
         opts = PodOptions(namespace=c.namespace, pool=c.pool, agent_port=c.agent_port,
-                          agent_configmap=agent_configmap_name(self._agent_source), key_secret=c.key_secret,
+                          agent_configmap=agent_configmap_name(self._agent_artifact), key_secret=c.key_secret,
                           runtime_class=c.runtime_class, image_pull_policy=c.image_pull_policy,
                           template=c.pod_template, agent_cpus=c.agent_cpus,
                           agent_memory_bytes=c.agent_memory_mb << 20)
@@ -188,7 +189,7 @@ class KubernetesBackend:
     async def _bootstrap(self) -> None:
         c = self.config
         cm_name = self.plane.opts.agent_configmap
-        await self._ensure("configmaps", cm_name, agent_configmap(cm_name, self._agent_source, c.namespace))
+        await self._ensure("configmaps", cm_name, agent_configmap(cm_name, self._agent_artifact, c.namespace))
         secret = await self._ensure("secrets", c.key_secret, key_secret(c.key_secret, secrets.token_hex(32),
                                                                          c.namespace))
         self._key = base64.b64decode(secret["data"]["key"]).strip()

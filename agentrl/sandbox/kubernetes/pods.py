@@ -9,15 +9,17 @@ which pod-template fields a config may set (`template.py`).
 One sandbox pod:
 
     init container agentrl-init (the task image; any image with python3):
-        copies agent.py from the agent ConfigMap (mounted only here) into the `agentrl` emptyDir and writes
+        copies agent.pyz (the agent's artifact, artifact.py) from the agent ConfigMap (mounted only here)
+        into the `agentrl` emptyDir and writes
         `token` = HMAC-SHA256(namespace key, pod name), 0400; the key Secret is mounted only here
     container agentrl-agent (the agent, its own CPU / memory: backend config agent_cpus / agent_memory_mb):
-        python3 /agentrl/agent.py --tcp $(POD_IP):PORT --token-file /agentrl/token --workspace /workspace
+        python3 -I -S /agentrl/agent.pyz --tcp $(POD_IP):PORT --token-file /agentrl/token --workspace /workspace
         --run-as 1000:1000 --relay agentrl-relay-$(POD_NAME) [--writable D]; /agentrl read-only, /workspace, /tmp
         and each of spec.writable_dirs (volumes writable-N, chowned by the agent) emptyDirs of spec.disk
     container sandbox (the commands, with the spec's CPU / memory / disk; the user's template merges into it):
-        python3 -I -S -c RELAY_SOURCE agentrl-relay-$(POD_NAME), uid 0 with only SETUID and SETGID: the relay,
-        which starts the agent's command spawner in this container (agent.py); the same emptyDirs, /agentrl
+        python3 -I -S -c RELAY agentrl-relay-$(POD_NAME) (RELAY: the text of agent/relay_program.py), uid 0 with
+        only SETUID and SETGID: the relay, which starts the agent's command spawner in this container; the same
+        emptyDirs, /agentrl
         read-only (the judge's execute-only python3; the token there is root's, 0400)
     pod: shareProcessNamespace (the agent sees, kills and gets the pids of the commands), no service-account token,
         no service links, restartPolicy Never, activeDeadlineSeconds as TTL, runAsNonRoot with uid/gid 65534 by
@@ -31,9 +33,9 @@ Why two containers: resource separation. The commands' memory, CPU and disk limi
 a command that fills them (memory held by no process, a busy loop, an OOM after lowering its oom_score_adj) cannot
 take the agent's: the OOM killer picks inside the container whose limit was hit, and CFS throttles each container on
 its own quota. Pids are the pod's (the kubelet's podPidsLimit covers every container): the agent keeps its worker
-threads from start-up and kills without forking (agent.py), so a full pids budget cannot stop it either. The agent
-reports `resources_separated` in /health; the relay (the sandbox container's main process) is in the commands'
-budget, and if the commands make it die, their later commands fail as the policy's doing.
+threads from start-up and kills without forking (the agent's process.py), so a full pids budget cannot stop it
+either. The agent reports `resources_separated` in /health; the relay (the sandbox container's main process) is in
+the commands' budget, and if the commands make it die, their later commands fail as the policy's doing.
 
 Why the agent (and the relay) are NOT runAsNonRoot: uid separation. The agent runs as uid 0 with only CHOWN, KILL,
 SETGID and SETUID added back (no_new_privs via allowPrivilegeEscalation: false) and starts every command as
@@ -62,7 +64,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from agentrl.sandbox.agent import RELAY_SOURCE
+from agentrl.sandbox.agent.protocol import ARTIFACT_NAME
+from agentrl.sandbox.artifact import relay_source
 from agentrl.sandbox.base import SIGKILL_UNPROVEN, SandboxSpec
 from agentrl.sandbox.ownership import OwnerRecord, caller_run_id, owner_gone, sweep_selects, ttl_passed
 
@@ -94,7 +97,7 @@ FATAL_WAITING = frozenset({"ImagePullBackOff", "ErrImageNeverPull", "InvalidImag
 INIT_SCRIPT = """\
 import hashlib, hmac, os, shutil, sys
 src, key_file, dst = sys.argv[1:4]
-shutil.copyfile(src, os.path.join(dst, "agent.py"))
+shutil.copyfile(src, os.path.join(dst, "agent.pyz"))
 with open(key_file, "rb") as f:
     key = f.read().strip()
 token = hmac.new(key, os.environ["POD_NAME"].encode(), hashlib.sha256).hexdigest()
@@ -189,14 +192,18 @@ class Owner:
 # ------------------------------------------------------------------ manifests
 
 
-def agent_configmap(name: str, source: str, namespace: str) -> Obj:
+def agent_configmap(name: str, artifact: bytes, namespace: str) -> Obj:
+    """The agent's artifact (agent.pyz, a zip: `binaryData`, base64) in an immutable ConfigMap."""
+    import base64
+
     return {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True,
             "metadata": {"name": name, "namespace": namespace, "labels": {MANAGED_BY: MANAGED}},
-            "data": {"agent.py": source}}
+            "binaryData": {ARTIFACT_NAME: base64.b64encode(artifact).decode()}}
 
 
-def agent_configmap_name(source: str) -> str:
-    return "agentrl-agent-" + hashlib.sha256(source.encode()).hexdigest()[:12]
+def agent_configmap_name(artifact: bytes) -> str:
+    """Named after the artifact's content hash: a changed agent gets a ConfigMap of its own (they are immutable)."""
+    return "agentrl-agent-" + hashlib.sha256(artifact).hexdigest()[:12]
 
 
 def key_secret(name: str, key: str, namespace: str) -> Obj:
@@ -250,7 +257,7 @@ def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
     writable = [(f"writable-{i}", d) for i, d in enumerate(spec.writable_dirs)]  # dirs, logs and the agent dir
     init = {
         "name": INIT, "image": spec.image,
-        "command": ["python3", "-c", INIT_SCRIPT, f"{SRC_DIR}/agent.py", f"{KEY_DIR}/key", AGENT_DIR],
+        "command": ["python3", "-c", INIT_SCRIPT, f"{SRC_DIR}/{ARTIFACT_NAME}", f"{KEY_DIR}/key", AGENT_DIR],
         "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         "resources": _resources("100m", "64Mi", "16Mi"), "securityContext": _as_root([]),
         "volumeMounts": [{"name": "agent-src", "mountPath": SRC_DIR, "readOnly": True},
@@ -262,7 +269,7 @@ def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
     pod_name = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     agent = {
         "name": AGENT, "image": spec.image,
-        "command": ["python3", f"{AGENT_DIR}/agent.py", "--tcp", f"$(POD_IP):{opts.agent_port}",
+        "command": ["python3", "-I", "-S", f"{AGENT_DIR}/{ARTIFACT_NAME}", "--tcp", f"$(POD_IP):{opts.agent_port}",
                     "--token-file", f"{AGENT_DIR}/token", "--workspace", WORKSPACE, "--run-as", f"{UID}:{UID}",
                     "--relay", RELAY_NAME, *(["--writable", ":".join(spec.writable_dirs)] if writable else [])],
         "workingDir": WORKSPACE,
@@ -277,7 +284,7 @@ def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
     }
     main = {
         "name": CONTAINER, "image": spec.image,
-        "command": ["python3", "-I", "-S", "-c", RELAY_SOURCE, RELAY_NAME],
+        "command": ["python3", "-I", "-S", "-c", relay_source(), RELAY_NAME],
         "workingDir": WORKSPACE,
         "env": [pod_name, {"name": "HOME", "value": WORKSPACE}, {"name": "TMPDIR", "value": TMP}],
         "resources": _resources(cpu_quantity(spec.cpus), quantity(spec.memory_bytes), storage),
