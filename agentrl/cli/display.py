@@ -122,4 +122,3 @@ def summary_table(summary: dict[str, float], title: str = "rollout summary") -> 
         if key in summary:
             table.add_row(label, fmt.format(summary[key]))
     return table
-

@@ -443,4 +443,3 @@ def add_doctor_command(sub: Any) -> None:
     p.add_argument("--engine", choices=["sglang", "vllm"], help="the server kind (default: detected from /version)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON (for scripts) instead of the table")
     p.set_defaults(func=_cmd_doctor)
-

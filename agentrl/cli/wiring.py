@@ -280,4 +280,3 @@ async def sandbox_gc(backend: str, *, all_runs: bool) -> int:
         await b.close()
     print(f"removed {n} {backend} sandboxes")
     return 0
-

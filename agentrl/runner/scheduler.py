@@ -91,6 +91,7 @@ def check_time_needs(env: Any, *, tool_timeout_s: float, finalize_timeout_s: flo
                               f"{key.replace('_', ' ')} ({need:g}s with its options); raise {field_name} to at "
                               f"least {need:g} or lower the env's time options")
 
+
 @dataclass
 class _Attempt:
     """What one attempt of one trajectory has produced so far (the scheduler records it whatever happens)."""
@@ -182,6 +183,7 @@ class Scheduler:
         self.running += delta
         if self.running == 0:
             self._idle_since = now
+
     async def run(self, tasks: Iterable[Task], *, step: int | None = None) -> AsyncIterator[list[Trajectory]]:
         """Run G samples of every task; yield each group (ordered by sample index) as soon as it is complete.
 

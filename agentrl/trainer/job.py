@@ -375,7 +375,6 @@ class Job:
             evaluation.write_json(out / f"step-{step}.diff.json", report)
             self.echo(evaluation.format_diff(report, max_rows=10))
 
-
     def _shared_schedulers(self, rollout_fn: AgentRollout) -> Callable[..., Any]:
         """Schedulers for evaluation during training: they share the training scheduler's `max_trajectories`."""
         return functools.partial(self.run_parts.scheduler, shares_slots_with=rollout_fn.scheduler)

@@ -12,8 +12,6 @@ import sys
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 36, 38
 
 
-
-
 class Identity:
     """Who commands and file requests run as: `run_as` (uid, gid) when uid-separated, else the agent's own ids.
 

@@ -189,6 +189,7 @@ def cgroup_files():
                 continue
     return sorted(out.items())
 
+
 def main():
     """The spawner: argv SOCK_FD UID GID [POLICY [counters]] (counters: relayed, open this container's cgroup counters
     for the agent)."""

@@ -350,4 +350,3 @@ class KubernetesBackend:
         if self.plane is None or not hasattr(self.plane, "template_manifest"):
             raise ConfigError("sandbox_template() needs control_plane: agent-sandbox and a started backend")
         return self.plane.template_manifest(spec)
-

@@ -36,6 +36,7 @@ UNDO_NAME = re.compile(r"[0-9a-f]{16}")  # a copy's name as _push_undo makes it 
 VIEW_MAX_LINES = 400
 EDIT_MAX_BYTES = 64 * 1024 * 1024  # a file the editor reads (its text is held on the host a few times over)
 
+
 def cap(text: str, limit: int) -> str:
     """`text` with its middle cut when longer than `limit` (head and tail kept: errors are usually at the end)."""
     if len(text) <= limit:
