@@ -44,7 +44,7 @@ from agentrl.errors import (
     SandboxStartError,
 )
 from agentrl.sandbox.base import SandboxBackend, SandboxSpec
-from agentrl.sandbox.client import Sandbox
+from agentrl.sandbox.client import MAX_CONNECTIONS, Sandbox
 from agentrl.sandbox.gate import StartGate
 
 log = logging.getLogger("agentrl.sandbox")
@@ -57,6 +57,8 @@ BACKENDS: Mapping[str, tuple[str, str]] = {
 }
 TIMING_WINDOW = 10_000  # per-lease timings kept for stats()
 ENGINE_POLL_S = (0.5, 5.0)  # first / longest pause between starts while the backend's engine is away
+FDS_PER_SANDBOX = MAX_CONNECTIONS + 2  # its keep-alive connections to the agent, a start-up probe, the backend's own
+FD_RESERVE = 1024  # the rest of the process: model files, the store, the API client's connections, logs
 
 
 def make_backend(name: str, **options: Any) -> SandboxBackend:
@@ -82,6 +84,27 @@ def _summary(values: deque[float]) -> dict[str, float]:
     ordered = sorted(values)
     return {"n": len(ordered), "p50": statistics.median(ordered), "mean": statistics.fmean(ordered),
             "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], "max": ordered[-1]}
+
+
+def ensure_fd_headroom(max_sandboxes: int) -> int:
+    """Raise this process's soft open-file limit to what `max_sandboxes` sandboxes may hold (a socket per connection
+    to each agent), up to the hard limit, and return it. Many hosts start processes at a soft limit of 1024: without
+    this, a pool of ~200 sandboxes fails with EMFILE ("too many open files") mid-run, as connections, not as a
+    clear error. Warns, naming the fix, when the hard limit is too low."""
+    import resource
+
+    need = max_sandboxes * FDS_PER_SANDBOX + FD_RESERVE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return soft
+    new = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if new > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    if new < need:
+        log.warning("max_sandboxes=%d may hold %d open files but this process may open at most %d (hard limit): "
+                    "raise it (ulimit -Hn; systemd LimitNOFILE=; a container's nofile ulimit) or lower "
+                    "max_sandboxes", max_sandboxes, need, new)
+    return new
 
 
 class SandboxPool:
@@ -150,6 +173,7 @@ class SandboxPool:
     async def __aenter__(self) -> SandboxPool:
         if self._open or self._closed:
             raise RuntimeError("a SandboxPool can be entered once")
+        ensure_fd_headroom(self.max_sandboxes)
         if isinstance(self._backend_arg, str):
             self.backend = await asyncio.to_thread(make_backend, self._backend_arg, **self._backend_options)
         else:

@@ -459,7 +459,7 @@ def test_embedded_conversion_runs_once_under_concurrency(tmp_path: Path, monkeyp
 
     calls: list[Path] = []
 
-    def fake_convert(gguf: Path, out: Path) -> None:
+    def fake_convert(gguf: Path, out: Path, model: object = None) -> None:
         calls.append(out)
         time.sleep(0.3)
         (out / "config.json").write_text("{}")

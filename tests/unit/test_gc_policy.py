@@ -22,7 +22,9 @@ def test_tune_freezes_what_is_alive_and_raises_only_gen0(restore_gc: None) -> No
     keep = [[i] for i in range(1000)]  # alive at tune time: frozen, never scanned by a collection again
     done = tune(12_345)
     assert gc.get_threshold() == (12_345, before[1], before[2])
-    assert done["frozen_objects"] == gc.get_freeze_count() >= 1000
+    # frozen objects can still be freed by reference counting (another thread's garbage), which lowers the count
+    # (a suite run saw 830,003 frozen and 830,001 a moment later)
+    assert 1000 <= gc.get_freeze_count() <= done["frozen_objects"]
     assert not any(obj is keep[0] for obj in gc.get_objects())  # the frozen generation is not in any scanned one
     with pytest.raises(ValueError, match="gen0"):
         tune(0)

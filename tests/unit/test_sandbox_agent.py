@@ -21,7 +21,7 @@ import pytest
 
 from agentrl.errors import SandboxDiedError, SandboxError
 from agentrl.sandbox import artifact as agent_artifact
-from agentrl.sandbox.agent import paths, protocol, server
+from agentrl.sandbox.agent import bodies, paths, protocol, server
 from agentrl.sandbox.base import AgentEndpoint, SandboxHandle, SandboxSpec
 from agentrl.sandbox.client import AgentClient, Sandbox, SandboxFileError, SandboxPathError
 
@@ -510,7 +510,7 @@ async def test_an_agent_without_the_file_routes_is_a_version_error_not_a_missing
         await sb.close()
 
 
-def _sent(body: server.FileBody) -> bytes:
+def _sent(body: bodies.FileBody) -> bytes:
     """What FileBody.send puts on a connection (read by a thread while it sends)."""
     a, b = socket.socketpair()
     got = bytearray()
@@ -536,7 +536,7 @@ def test_a_file_that_changes_size_while_read_is_never_a_short_file(tmp_path: Pat
     path = tmp_path / "moving.bin"
     path.write_bytes(b"x" * (3 << 20))
     fd = os.open(path, os.O_RDONLY)
-    body = server.FileBody(fd, os.fstat(fd).st_size)
+    body = bodies.FileBody(fd, os.fstat(fd).st_size)
     if change == "shrinks":
         os.truncate(path, 1000)
     elif change == "grows":
@@ -916,9 +916,9 @@ identity = ids.Identity((uid, uid))
 libc = ids.prctl_setup()
 identity.setup(libc, sys.argv[3])
 a = handlers.Agent(sys.argv[3], identity, libc=libc)
-def no_fork():
+def no_fork(*args):
     raise OSError(11, "fork refused (the pids limit is full)")
-a._fork_killer = no_fork
+handlers.fork_kill_all_as = no_fork
 victims = [subprocess.Popen(["sleep", "60"], user=uid, group=uid, start_new_session=True) for _ in range(3)]
 root = subprocess.Popen(["sleep", "60"])  # another uid's process: never touched
 killed = a._kill_leftovers()

@@ -63,8 +63,9 @@ policy's doing).
 
 Modules (relative imports only, so the package runs the same from this directory and from inside the artifact):
 `protocol` (the wire constants; the only module the host side imports), `identity` (uids, fsuid, SysV clean-up),
-`cgroups`, `paths`, `procfs` (/proc), `process` (the command handle and the one killer), `seccomp` and
-`spawner_program` (the spawner's program: real modules whose TEXT is run with `python -I -S -c`), `spawner` (the
-agent's side of it), `relay_program` (the relay's program, TEXT as well) and `relay`, `watch` (what the policy
-observes), `reaper`, `handlers` (`Agent`, the request handlers), `server` (HTTP/1.1), `__main__` (`main`).
+`cgroups`, `paths`, `procfs` (/proc), `kill` (the one killer: every signal the agent sends), `process` (the command
+handle, running a command), `seccomp` and `spawner_program` (the spawner's program: real modules whose TEXT is run
+with `python -I -S -c`), `spawner` (the agent's side of it), `relay_program` (the relay's program, TEXT as well) and
+`relay`, `watch` (what the policy observes), `reaper`, `handlers` (`Agent`, the request handlers), `bodies` (the
+streamed request and answer bodies of file transfers), `server` (HTTP/1.1), `__main__` (`main`).
 """

@@ -6,9 +6,16 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable, Set
 
-from .process import kill_pid, kill_until_gone
+from .kill import kill_pids, kill_until_gone
 from .procfs import close_fds
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the agent's start-up time)
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    _T = TypeVar("_T")
 
 
 def _write_file(path: str, value: str) -> None:
@@ -37,7 +44,7 @@ class CommandCgroup:
     def enabled(self) -> bool:
         return bool(self.dirs)
 
-    def start(self, start):  # start: () -> Popen
+    def start(self, start: Callable[[], _T]) -> _T:
         """Call `start()` (which forks) so that the child is born in `commands`. v1: this thread joins `commands`
         in every hierarchy for the fork and returns to `agent` right after (its CPU time, memory charges and pids
         count stay the agent's); v2 joins in the child (`wrap`)."""
@@ -72,13 +79,13 @@ class CommandCgroup:
         except (OSError, ValueError):
             return 0
 
-    def kill(self, deadline_s: float, uncounted: set = frozenset()) -> int:
+    def kill(self, deadline_s: float, uncounted: Set[int] = frozenset()) -> int:
         """SIGKILL everything in `commands` until it is empty and its pids are released (the reaper reaped them; not
         waited for past the deadline), cgroup.kill first where the kernel has it; returns how many distinct processes
         were killed, `uncounted` (the spawner) aside. No fork: a full pids.max cannot stop it."""
         if self.version == "v2" and os.path.exists(f"{self.dirs[0]}/commands/cgroup.kill"):
             _write_file(f"{self.dirs[0]}/commands/cgroup.kill", "1")
-        return kill_until_gone(self.pids, lambda pids: [kill_pid(pid) for pid in pids], deadline_s, set(uncounted),
+        return kill_until_gone(self.pids, kill_pids, deadline_s, set(uncounted),
                                "in the commands cgroup", settled=lambda: self._charged() == 0)
 
 

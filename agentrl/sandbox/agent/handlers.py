@@ -12,21 +12,12 @@ import sys
 import threading
 import time
 
+from .bodies import BodyStream, FileBody
 from .cgroups import CommandCgroup, ResourceCounters
 from .identity import Identity, remove_sysv_ipc
+from .kill import KILL_ALL_DEADLINE_S, fork_kill_all_as, kill_all_as, kill_group, kill_pids, kill_until_gone
 from .paths import open_regular, resolve_in_workspace
-from .process import (
-    DRAIN_AFTER_KILL_S,
-    EXIT_GRACE_S,
-    KILL_ALL_DEADLINE_S,
-    ExecRun,
-    Proc,
-    kill_all_as,
-    kill_group,
-    kill_pid,
-    kill_until_gone,
-    prefer_oom_kill,
-)
+from .process import DRAIN_AFTER_KILL_S, EXIT_GRACE_S, ExecRun, Proc, prefer_oom_kill
 from .procfs import boot_ticks, command_user_pids, descendants
 from .protocol import (
     DEFAULT_OUTPUT_LIMIT,
@@ -42,7 +33,6 @@ from .protocol import (
     HTTPError,
 )
 from .reaper import Reaper
-from .server import BodyStream, FileBody
 from .spawner import (
     SECCOMP_POLICY,
     STATUS_GRACE_S,
@@ -170,8 +160,8 @@ class Agent:
             return _result(code, b"", f"{argv[0]}: {e.strerror or e}\n".encode(), False, False, start)
         except SpawnerLost as e:  # the policy killed or stopped the spawner: its failure, a result like the above
             late = time.monotonic() >= start + timeout
-            code = None if late else -signal.SIGKILL if e.killed_in_flight else 126
-            return _result(code, b"", f"agent: {e}\n".encode(), late, False, start)
+            lost = None if late else -signal.SIGKILL if e.killed_in_flight else 126
+            return _result(lost, b"", f"agent: {e}\n".encode(), late, False, start)
         grader = self.judge_python is not None and argv[0] == self.judge_python
         with self._lock:
             self._groups.add(proc.pid)
@@ -227,6 +217,7 @@ class Agent:
         if not closed:
             proc.kill_group()  # pgid == pid of the main process (start_new_session); also kills SIGTERM-ignorers
             run.drain(proc, DRAIN_AFTER_KILL_S)
+        code: int | None
         if proc.by_spawner:
             code = self._spawner_wait(proc, deadline, run)
         else:
@@ -237,8 +228,10 @@ class Agent:
     def _spawner_wait(self, proc: Proc, deadline: float, run: ExecRun) -> int:
         """The command's exit code from its spawner or, when the policy killed (or stopped) the spawner meanwhile,
         from the reaper (the command was re-parented to the agent); 126 and a note when neither has it."""
+        spawner = self._spawner
+        assert spawner is not None, "a command the spawner started"
         try:
-            code = self._spawner.wait(proc)
+            code = spawner.wait(proc)
             if code is None and not self.relay:  # with --relay no command is ever the agent's child
                 code = self._reaper.wait(proc.pid, STATUS_GRACE_S)
         finally:
@@ -303,7 +296,8 @@ class Agent:
         """Kill every process the commands left (through their cgroup when resource-separated, else by uid or
         descent), then remove the command user's SysV IPC objects (uid-separated: the IPC namespace is the
         sandbox's own); returns how many distinct processes were killed."""
-        spawner = {self._spawner.pid} if self._spawner is not None else set()  # killed too, not counted
+        pid = self._spawner.pid if self._spawner is not None else None
+        spawner = {pid} if pid is not None else set()  # killed too, not counted
         if self.cgroup.enabled:
             killed = self.cgroup.kill(KILL_ALL_DEADLINE_S, spawner)
         else:
@@ -319,7 +313,7 @@ class Agent:
             uid = self.identity.uid
             live, kill = (lambda: command_user_pids(uid)), (lambda pids: self._signal_all_as_command_user())
         else:
-            live, kill = descendants, (lambda pids: [kill_pid(pid) for pid in pids])
+            live, kill = descendants, kill_pids
         with self._kill_lock:
             return kill_until_gone(live, kill, KILL_ALL_DEADLINE_S, uncounted, "of the command user")
 
@@ -330,23 +324,8 @@ class Agent:
         child where that cannot be done."""
         if self._libc is not None and kill_all_as(self._libc, self.identity.uid):
             return
-        self._reaper.wait(self._reaper.spawn(self._fork_killer))
-
-    def _fork_killer(self) -> int:
-        i = self.identity
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            code = 1
-            try:
-                os.setgroups([])
-                os.setgid(i.gid)
-                os.setuid(i.uid)
-                os.kill(-1, signal.SIGKILL)
-                code = 0
-            except BaseException:
-                pass
-            os._exit(code)
-        return pid
+        uid, gid = self.identity.uid, self.identity.gid
+        self._reaper.wait(self._reaper.spawn(lambda: fork_kill_all_as(uid, gid)))
 
     def kill_groups(self) -> None:
         if self._spawner is not None:
@@ -371,7 +350,8 @@ class _Denied403:
             raise HTTPError(403, f"path {self.path!r} is not accessible to the sandbox user: {exc}") from None
 
 
-def _result(code: int | None, out: bytes, err: bytes, timed_out: bool, truncated: bool, start: float) -> dict:
+def _result(code: int | None, out: bytes | bytearray, err: bytes | bytearray, timed_out: bool, truncated: bool,
+            start: float) -> dict:
     return {"exit_code": code, "stdout": bytes(out).decode("utf-8", "replace"),
             "stderr": bytes(err).decode("utf-8", "replace"), "timed_out": timed_out, "truncated": truncated,
             "duration_s": round(time.monotonic() - start, 6)}
@@ -393,7 +373,7 @@ def _query(query: str) -> dict[str, str]:
     return out
 
 
-def _json_body(body: bytes) -> dict:
+def _json_body(body: bytes | bytearray) -> dict:
     try:
         req = json.loads(body or b"{}")
     except ValueError as e:

@@ -8,6 +8,7 @@ import ctypes
 import os
 import stat
 import sys
+from collections.abc import Callable
 
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 36, 38
 
@@ -22,7 +23,8 @@ class Identity:
     def __init__(self, run_as: tuple[int, int] | None) -> None:
         self.separated = run_as is not None
         self.uid, self.gid = run_as if run_as is not None else (os.getuid(), os.getgid())
-        self._setfsuid = self._setfsgid = None
+        self._setfsuid: Callable[[int], int] | None = None  # libc's, once setup() checked them (separated only)
+        self._setfsgid: Callable[[int], int] | None = None
         self._setpriv: list[str] = []
 
     def setup(self, libc: ctypes.CDLL, workspace: str, writable: tuple[str, ...] = ()) -> None:
@@ -41,9 +43,10 @@ class Identity:
                 self._setpriv = [f"{d}/setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
                                  "--inh-caps=-all", "--no-new-privs", "--"]
                 break
-        self._setfsuid, self._setfsgid = libc.setfsuid, libc.setfsgid
-        self._setfsuid(self.uid)
-        if self._setfsuid(0) != self.uid:
+        setfsuid = libc.setfsuid
+        self._setfsuid, self._setfsgid = setfsuid, libc.setfsgid
+        setfsuid(self.uid)
+        if setfsuid(0) != self.uid:
             sys.exit("agent: setfsuid() does not work here (CAP_SETUID missing?); cannot separate file access")
         for root in (workspace, *writable):
             self._own(root)
@@ -79,12 +82,14 @@ class _AsCommandUser:
     def __enter__(self) -> None:
         i = self.identity
         if i.separated:
+            assert i._setfsuid is not None and i._setfsgid is not None, "Identity.setup() was not called"
             i._setfsgid(i.gid)
             i._setfsuid(i.uid)
 
     def __exit__(self, *exc: object) -> None:
         i = self.identity
         if i.separated:
+            assert i._setfsuid is not None and i._setfsgid is not None, "Identity.setup() was not called"
             i._setfsuid(0)
             i._setfsgid(0)
 

@@ -26,7 +26,7 @@ class _Openat2:
     """openat2(2) through ctypes, probed once: unusable where the kernel or a seccomp filter lacks it."""
 
     _usable: bool | None = None
-    _libc = None
+    _libc: ctypes.CDLL | None = None
 
     @classmethod
     def usable(cls) -> bool:
@@ -42,6 +42,7 @@ class _Openat2:
 
     @classmethod
     def _call(cls, dirfd: int, path: str, flags: int, mode: int, resolve: int) -> int:
+        assert cls._libc is not None, "usable() loads libc first"
         how = _OpenHow(flags, mode, resolve)
         fd = cls._libc.syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(os.fsencode(path)),
                                ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))

@@ -1,32 +1,28 @@
 """The agent's processes: one handle for every kind (`Proc`: a command started by the spawner or through Popen, and
-the spawner itself, the agent's child or the relay's), running a command (`ExecRun`: its pipes, deadline and output
-cap) and killing. The one killer: every SIGKILL the agent sends goes through `kill_pid` (one process), `kill_group`
-(a command's process group), `kill_pidfd` (the spawner, by its pidfd), `kill_all_as` (every process of the command
-user, from one thread) and `kill_until_gone`, the rounds of /kill_all (through the cgroup or by owner) until nothing
-is left."""
+the spawner itself, the agent's child or the relay's) and running a command (`ExecRun`: its pipes, deadline and
+output cap). Killing is kill.py's."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import selectors
-import signal
 import subprocess
 import time
 from collections.abc import Callable
 
-from .identity import Identity, thread_uid_back, thread_uid_switch
+from .identity import Identity
+from .kill import kill_group
 from .procfs import open_pidfd
-from .protocol import KIND_SURVIVORS, HTTPError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the agent's start-up time)
 if TYPE_CHECKING:
+    from typing import IO
+
     from .cgroups import CommandCgroup
 
 EXIT_GRACE_S = 0.1  # after the main process exits, how long pipes held by background processes may stay open
 DRAIN_AFTER_KILL_S = 0.5  # after SIGKILL of the group, how long to keep collecting output
 CHUNK = 1 << 16
-KILL_ALL_DEADLINE_S = 5.0  # /kill_all gives up (409) when processes survive SIGKILL this long (stuck in the kernel)
 
 
 class Proc:
@@ -42,9 +38,9 @@ class Proc:
                  by_spawner: bool = False) -> None:
         self.pid, self.pidfd, self.link = pid, pidfd, link
         self.by_spawner = by_spawner  # a command the spawner started: its exit code comes from there (or the reaper)
-        self.stdin = open(stdin, "wb", buffering=0) if stdin is not None else None
-        self.stdout = open(stdout, "rb", buffering=0) if stdout is not None else None
-        self.stderr = open(stderr, "rb", buffering=0) if stderr is not None else None
+        self.stdin: IO[bytes] | None = open(stdin, "wb", buffering=0) if stdin is not None else None
+        self.stdout: IO[bytes] | None = open(stdout, "rb", buffering=0) if stdout is not None else None
+        self.stderr: IO[bytes] | None = open(stderr, "rb", buffering=0) if stderr is not None else None
         self.returncode: int | None = None
         self._exited = exited
         self._popen: subprocess.Popen | None = None
@@ -58,6 +54,11 @@ class Proc:
 
     def exited(self) -> bool:
         return self._exited is not None and self._exited()
+
+    def outputs(self) -> tuple[IO[bytes], IO[bytes]]:
+        """The agent's ends of a command's stdout and stderr pipes (every command has both)."""
+        assert self.stdout is not None and self.stderr is not None, "not a command: it has no output pipes"
+        return self.stdout, self.stderr
 
     def ended(self, code: int | None) -> None:
         """Record its exit code (negative: the signal that killed it) and close the agent's ends of its pipes."""
@@ -117,11 +118,13 @@ class ExecRun:
         Returns True when the pipes closed and the main process exited (no kill needed). `proc.exited()` says whether
         the main process exited (used only without pidfd; never Popen.poll, which would reap it behind the reaper)."""
         sel = selectors.DefaultSelector()
-        bufs = {proc.stdout.fileno(): self.out, proc.stderr.fileno(): self.err}
+        stdout, stderr = proc.outputs()
+        bufs = {stdout.fileno(): self.out, stderr.fileno(): self.err}
         for fd in bufs:
             sel.register(fd, selectors.EVENT_READ)
         pending = memoryview(self.stdin or b"")
-        stdin_fd = proc.stdin.fileno() if proc.stdin is not None else -1
+        stdin = proc.stdin
+        stdin_fd = stdin.fileno() if stdin is not None else -1
         if stdin_fd >= 0:
             os.set_blocking(stdin_fd, False)
             sel.register(stdin_fd, selectors.EVENT_WRITE)
@@ -149,8 +152,8 @@ class ExecRun:
                     if key.fd == pidfd:
                         sel.unregister(pidfd)
                         exited_at = time.monotonic()
-                    elif key.fd == stdin_fd:
-                        pending = self._feed(sel, proc, pending)
+                    elif stdin is not None and key.fd == stdin_fd:
+                        pending = self._feed(sel, stdin, pending)
                     else:
                         self._read(sel, key.fd, bufs)
             return True
@@ -159,16 +162,16 @@ class ExecRun:
             if pidfd is not None:
                 os.close(pidfd)
 
-    def _feed(self, sel: selectors.BaseSelector, proc: Proc, pending: memoryview) -> memoryview:
+    def _feed(self, sel: selectors.BaseSelector, stdin: IO[bytes], pending: memoryview) -> memoryview:
         try:
-            pending = pending[os.write(proc.stdin.fileno(), pending[:CHUNK]):]
+            pending = pending[os.write(stdin.fileno(), pending[:CHUNK]):]
         except BlockingIOError:
             return pending
         except BrokenPipeError:
             pending = pending[:0]  # the command stopped reading: drop the rest of its stdin
         if not pending:
-            sel.unregister(proc.stdin.fileno())
-            proc.stdin.close()
+            sel.unregister(stdin.fileno())
+            stdin.close()
         return pending
 
     def _read(self, sel: selectors.BaseSelector, fd: int, bufs: dict[int, bytearray]) -> None:
@@ -181,7 +184,8 @@ class ExecRun:
 
     def drain(self, proc: Proc, seconds: float) -> None:
         """Collect what is left in the pipes for at most `seconds` (after a kill)."""
-        for stream, buf in ((proc.stdout, self.out), (proc.stderr, self.err)):
+        stdout, stderr = proc.outputs()
+        for stream, buf in ((stdout, self.out), (stderr, self.err)):
             os.set_blocking(stream.fileno(), False)
             end = time.monotonic() + seconds
             while time.monotonic() < end:
@@ -204,62 +208,3 @@ def prefer_oom_kill(pid: int) -> bool:
         return True
     except OSError:
         return False
-
-
-def kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def kill_pid(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def kill_pidfd(pidfd: int) -> None:
-    """SIGKILL the process `pidfd` refers to (it may be stopped; gone already is fine)."""
-    try:
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-def kill_all_as(libc: ctypes.CDLL, uid: int) -> bool:
-    """kill(-1, SIGKILL) from this thread alone as `uid`: real and effective uid `uid` (the effective capabilities,
-    CAP_KILL included, drop with euid 0), saved uid 0 to come back. kill(-1) then reaches every process whose real
-    or saved uid is `uid` (never the agent: the caller's own thread group is spared) in one pass of the kernel. False
-    when this cannot be done here (not root, unknown syscall)."""
-    if os.geteuid() != 0 or uid == 0 or not thread_uid_switch(libc, uid, uid):
-        return False
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except OSError:  # ESRCH: no process of that uid is left
-        pass
-    finally:
-        thread_uid_back(libc)
-    return True
-
-
-def kill_until_gone(live: Callable[[], set[int]], kill: Callable[[set[int]], None], deadline_s: float,
-                    uncounted: set[int], where: str, settled: Callable[[], bool] = lambda: True) -> int:
-    """SIGKILL round after round (`kill(pids)` with the processes `live()` lists) until none is left and `settled()`
-    (the cgroup's pids released; not waited for past the deadline); returns how many distinct processes were
-    killed, `uncounted` (the spawner) aside. 409 (kind "survivors") when some survive for `deadline_s`: `where`
-    names their place in the message. No fork: a full pids limit cannot stop it."""
-    seen: set[int] = set()
-    end = time.monotonic() + deadline_s
-    while True:
-        pids = live()
-        if not pids and (settled() or time.monotonic() > end):
-            return len(seen - uncounted)
-        seen |= pids
-        if time.monotonic() > end:
-            raise HTTPError(409, f"policy processes survived kill: {len(pids)} process(es) {where} survived SIGKILL "
-                                 f"for {deadline_s:g}s: {sorted(pids)[:10]}", KIND_SURVIVORS)
-        if pids:
-            kill(pids)
-        time.sleep(0.001)  # let the kernel finish the killed processes before looking again

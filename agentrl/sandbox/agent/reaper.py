@@ -6,8 +6,16 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from .procfs import leader_start
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the agent's start-up time)
+if TYPE_CHECKING:
+    import subprocess
+    from typing import TypeVar
+
+    _Child = TypeVar("_Child", int, subprocess.Popen[bytes])
 
 
 class Reaper:
@@ -23,8 +31,9 @@ class Reaper:
         self._eager_until = 0.0  # until then, look for new children often (orphans arrive without a spawn)
         threading.Thread(target=self._run, name="reaper", daemon=True).start()
 
-    def spawn(self, start):  # start: () -> a Popen or a pid
-        """Call `start()` (which forks) and track the child it returns, atomically with respect to reaping."""
+    def spawn(self, start: Callable[[], _Child]) -> _Child:
+        """Call `start()` (which forks) and track the child it returns (a Popen or a pid), atomically with respect
+        to reaping."""
         with self._cond:
             child = start()
             self._tracked.add(child if isinstance(child, int) else child.pid)
@@ -80,13 +89,15 @@ class Reaper:
     def _run(self) -> None:
         while True:
             try:  # look before reaping: an untracked session leader's /proc entry says when it started
-                pid = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT).si_pid
+                found = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
             except ChildProcessError:  # no children at all: sleep until the next spawn, or (orphans arrive unasked)
                 with self._cond:  # a moment while an adopted command or an orphan is awaited
                     self._cond.wait(0.005 if self._tracked or time.monotonic() < self._eager_until else 1.0)
                 continue
             except InterruptedError:  # pragma: no cover - PEP 475 retries; defensive
                 continue
+            assert found is not None  # None only with WNOHANG
+            pid = found.si_pid
             with self._cond:
                 start = None if pid in self._tracked else leader_start(pid)
             try:

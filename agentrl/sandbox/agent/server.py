@@ -1,20 +1,20 @@
 """The agent's HTTP/1.1 server: one `Acceptor` thread holds every new connection until its first request head is
 complete and checks the bearer token, then an authorized connection gets a worker thread (`serve_connection`:
-keep-alive, JSON bodies, PUT /file's body streamed in (`BodyStream`), GET /file's streamed out (`FileBody`))."""
+keep-alive, JSON bodies, PUT /file's body streamed in and GET /file's streamed out (bodies.py))."""
 
 from __future__ import annotations
 
 import errno
 import json
-import os
 import queue
 import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-from .protocol import FILE_CHANGED, FILE_CHUNK, FILE_DONE, MAX_BODY, HTTPError
+from .bodies import BodyStream, FileBody, Reader
+from .protocol import MAX_BODY, HTTPError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the agent's start-up time)
 if TYPE_CHECKING:
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
             405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
             431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
-CHUNK = 1 << 16
 STOPPING = threading.Event()  # set by SIGTERM before the commands are killed: no answer leaves after it
 
 MAX_REQUEST_LINE = 8192
@@ -38,135 +37,6 @@ IDLE_TIMEOUT_S = 300.0  # an authorized keep-alive connection silent this long i
 ACCEPTS_PER_ROUND = 64
 
 
-class FileBody:
-    """The answer of GET /file: `size` bytes (the file's size by fstat once opened) sent from the descriptor
-    FILE_CHUNK bytes at a time through one reused buffer, then one status byte: b"." when the file still had
-    exactly `size` bytes at the end, b"!" when it changed size while read or a read failed (zero-padded to `size`
-    first, so the answer always has its announced length: the host is never left waiting, and never takes a
-    short file for the whole one). Owns `fd` until send() returns (or close() when it is never sent)."""
-
-    DONE, CHANGED = FILE_DONE, FILE_CHANGED
-
-    def __init__(self, fd: int, size: int) -> None:
-        self.fd, self.size = fd, size
-
-    def __len__(self) -> int:
-        return self.size + 1
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def send(self, conn: socket.socket, head: bytes) -> None:
-        try:
-            conn.sendall(head)
-            buf = memoryview(bytearray(min(FILE_CHUNK, max(self.size, 1))))
-            sent, status = 0, self.DONE
-            while sent < self.size:
-                want = min(len(buf), self.size - sent)
-                try:
-                    n = os.readv(self.fd, [buf[:want]]) if status == self.DONE else 0
-                except OSError:
-                    n = 0
-                if n == 0:  # shrank (or unreadable): pad, so the answer keeps its announced length
-                    status = self.CHANGED
-                    buf[:want] = bytes(want)
-                    n = want
-                conn.sendall(buf[:n])
-                sent += n
-            if status == self.DONE:
-                try:
-                    grew = os.fstat(self.fd).st_size != self.size or os.pread(self.fd, 1, self.size) != b""
-                except OSError:
-                    grew = True
-                status = self.CHANGED if grew else self.DONE
-            conn.sendall(status)
-        finally:
-            self.close()
-
-
-class BodyStream:
-    """The body of a PUT /file request, read from the connection as it is used: chunks() yields it at most
-    FILE_CHUNK bytes at a time through one reused buffer; drain() reads and drops what is left (an error answered
-    before the whole body was used), so the connection stays in step for the next request."""
-
-    def __init__(self, reader: _Reader, length: int) -> None:
-        self.reader, self.left = reader, length
-        self._buf: memoryview | None = None
-
-    def chunks(self) -> Iterator[memoryview]:
-        while self.left:
-            if self.reader.buf:  # what arrived with the head comes first
-                take = bytes(self.reader.buf[:self.left])
-                del self.reader.buf[:len(take)]
-                self.left -= len(take)
-                yield memoryview(take)
-                continue
-            if self._buf is None:
-                self._buf = memoryview(bytearray(min(FILE_CHUNK, self.left)))
-            n = self.reader.conn.recv_into(self._buf, min(len(self._buf), self.left))
-            if n == 0:
-                raise ConnectionAbortedError(f"the request body ended {self.left} bytes early")
-            self.left -= n
-            yield self._buf[:n]
-
-    def drain(self) -> bool:
-        """Read and drop the rest of the body; False when the connection ended first."""
-        try:
-            for _ in self.chunks():
-                pass
-        except OSError:
-            return False
-        return True
-
-
-class _Reader:
-    """Buffered reads from a connection, starting with the bytes the acceptor already received."""
-
-    def __init__(self, conn: socket.socket, initial: bytes = b"") -> None:
-        self.conn = conn
-        self.buf = bytearray(initial)
-
-    def _fill(self) -> bool:
-        data = self.conn.recv(CHUNK)
-        self.buf += data
-        return bool(data)
-
-    def readline(self, limit: int) -> bytes:
-        """Up to and including the next b"\\n"; fewer bytes at EOF; `limit` bytes when the line is longer."""
-        scanned = 0
-        while True:
-            i = self.buf.find(b"\n", scanned, limit)
-            if i >= 0:
-                n = i + 1
-                break
-            if len(self.buf) >= limit:
-                n = limit
-                break
-            scanned = len(self.buf)
-            if not self._fill():
-                n = len(self.buf)
-                break
-        line = bytes(self.buf[:n])
-        del self.buf[:n]
-        return line
-
-    def read(self, n: int) -> bytes | bytearray:
-        """Exactly `n` bytes, fewer only at EOF."""
-        if len(self.buf) >= n:
-            out = bytes(self.buf[:n])
-            del self.buf[:n]
-            return out
-        out, self.buf = self.buf, bytearray()
-        while len(out) < n:
-            data = self.conn.recv(min(n - len(out), 1 << 20))
-            if not data:
-                break
-            out += data
-        return out
-
-
 class _Head:
     """A parsed request line and headers."""
 
@@ -178,7 +48,7 @@ class _Head:
         return self.headers.get("connection", "").lower() != "close"
 
 
-def _read_head(reader: _Reader) -> _Head | None:
+def _read_head(reader: Reader) -> _Head | None:
     """The next request head, None at EOF before it; HTTPError(400/431) for a malformed or oversized one."""
     line = reader.readline(MAX_REQUEST_LINE + 1)
     if not line:
@@ -217,9 +87,8 @@ def _answer(conn: socket.socket, status: int, obj: dict | FileBody, keep: bool) 
         raise ConnectionAbortedError("the agent is stopping")  # connection drop, the sandbox's death, instead
     tail = "" if keep else "Connection: close\r\n"
     if isinstance(obj, FileBody):
-        head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/octet-stream\r\n"
-                f"Content-Length: {len(obj)}\r\n{tail}\r\n").encode()
-        obj.send(conn, head)
+        obj.send(conn, (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: "
+                        f"application/octet-stream\r\nContent-Length: {len(obj)}\r\n{tail}\r\n").encode())
         return
     payload = json.dumps(obj).encode()
     head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
@@ -242,7 +111,7 @@ def _refuse(conn: socket.socket, e: HTTPError) -> None:
     conn.close()
 
 
-def serve_connection(conn: socket.socket, agent: Agent, token: str | None, reader: _Reader,
+def serve_connection(conn: socket.socket, agent: Agent, token: str | None, reader: Reader,
                      head: _Head | None = None, release: Callable[[], bool] | None = None) -> None:
     """Keep-alive loop for one authorized connection: read a request, check its token before reading its body,
     dispatch, answer, repeat until EOF, close, a malformed request or IDLE_TIMEOUT_S of silence. `release()` true
@@ -339,7 +208,7 @@ class Acceptor:
         self.pending: dict[socket.socket, tuple[bytearray, float, bool]] = {}  # in accept order; bool: local
         self.workers = 0
         self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[tuple[socket.socket, _Reader, _Head]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[socket.socket, Reader, _Head]] = queue.SimpleQueue()
         self.parked = 0  # kept worker threads waiting for a connection (_jobs), less the connections waiting for one
         for _ in range(PARKED_WORKERS):
             threading.Thread(target=self._parked, name="agent-worker", daemon=True).start()
@@ -411,7 +280,7 @@ class Acceptor:
 
     def _admit(self, conn: socket.socket, buf: bytearray) -> None:
         self._forget(conn)
-        reader = _Reader(conn, bytes(buf))
+        reader = Reader(conn, bytes(buf))
         try:
             head = _read_head(reader)  # complete in the buffer: no recv on the non-blocking socket
         except (HTTPError, OSError) as e:
@@ -445,7 +314,7 @@ class Acceptor:
                 self.parked -= 1  # parked = idle kept workers - connections waiting for one
             self._jobs.put((conn, reader, head))
 
-    def _work(self, conn: socket.socket, reader: _Reader, head: _Head) -> None:
+    def _work(self, conn: socket.socket, reader: Reader, head: _Head) -> None:
         try:
             serve_connection(conn, self.agent, self.token, reader, head)
         finally:

@@ -1,6 +1,6 @@
 """The agent's side of the command spawner (`Spawner`; the spawner's own program is seccomp.py + spawner_program.py,
 run as `python -I -S -c SPAWNER_PROGRAM ...`): starting it (as the agent's child, or through the relay in the
-commands' container), its requests and answers (`_Link`), the commands it started (`process.Proc` handles) and
+commands' container), its requests and answers (`Link`), the commands it started (`process.Proc` handles) and
 what is left when the policy kills it."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 from .cgroups import CommandCgroup
 from .identity import Identity
-from .process import Proc, kill_pidfd
+from .kill import kill_pidfd
+from .process import Proc
 from .procfs import boot_ticks, close_fds, open_pidfd, proc_fields
 from .relay import RELAY_TIMEOUT_S, connect_relay
 
@@ -69,9 +70,10 @@ class GoneBefore(SpawnerLost):
                          "commands' memory limit), and again after a restart")
 
 
-class _Link:
-    """One spawner process and what the agent learnt from it: the answer to the request in flight, the exit codes
-    of its commands, and whether it is gone (`lost`: EOF on its socket). A reader thread fills it."""
+class Link:
+    """The agent's link to one spawner process and what the agent learnt from it: the answer to the request in
+    flight, the exit codes of its commands, and whether it is gone (`lost`: EOF on its socket). A reader thread fills
+    it."""
 
     def __init__(self, sock: socket.socket, proc: Proc, cond: threading.Condition) -> None:
         self.sock, self.proc, self.cond = sock, proc, cond
@@ -116,10 +118,15 @@ class _Link:
         finally:
             for fd in fds:
                 os.close(fd)
-            self.sock.close()
-            with self.cond:
+            with self.cond:  # lost before closed, both under the condition: `alive` never polls a closed socket
                 self.lost = True
+                self.sock.close()
                 self.cond.notify_all()
+
+    def alive(self) -> bool:
+        """Not lost and its peer still there (the spawner may have exited before the reader saw the EOF)."""
+        with self.cond:
+            return not self.lost and not _hung_up(self.sock)
 
     def exited(self, pid: int) -> bool:
         with self.cond:
@@ -155,7 +162,7 @@ class Spawner:
         self._relay = relay  # started by the relay in the commands' container, not as our child
         self._lock = threading.Lock()  # one request at a time; guards _link
         self._cond = threading.Condition()  # what the reader threads learn
-        self._link: _Link | None = None
+        self._link: Link | None = None
         self.unusable = False  # its setup failed here: commands start through setpriv
         self._watch = watch  # gets the syscall policy's listener of every spawner started
         self.seccomp = "none: no spawner started yet"  # the last spawner's policy mode (seccomp.install's)
@@ -170,13 +177,13 @@ class Spawner:
         """A live, ready spawner: the current one, or a fresh one when it is gone (killed by /kill_all, the policy
         or the memory limit). Raises SpawnerUnusable when it cannot work here, SpawnerLost when it did not start."""
         with self._lock:
-            if self._link is not None and not self._link.lost and not _hung_up(self._link.sock):
+            if self._link is not None and self._link.alive():
                 return
             if self._link is not None:
                 self._link.discard()
                 self._link = None
-            a, proc = self._start_relayed(deadline) if self._relay else self._start_child()
-            link = _Link(a, proc, self._cond)
+            a, proc = self._start_relayed(self._relay, deadline) if self._relay else self._start_child()
+            link = Link(a, proc, self._cond)
             try:
                 a.settimeout(max(min(deadline, time.monotonic() + SPAWNER_START_TIMEOUT_S) - time.monotonic(),
                                  0.001))
@@ -237,7 +244,7 @@ class Spawner:
         finally:
             b.close()
 
-    def _start_relayed(self, deadline: float) -> tuple[socket.socket, Proc]:
+    def _start_relayed(self, relay: str, deadline: float) -> tuple[socket.socket, Proc]:
         """Ask the relay (relay_program.py, the sandbox container's main process) to start a spawner there: in that
         container's cgroup, under the sandbox's limits, as its child. The relay must be of our uid (SO_PEERCRED): a
         command that bound the name after the relay died is not. Raises OSError (EAGAIN: the commands' pids are
@@ -246,7 +253,7 @@ class Spawner:
         data = b"\0".join(os.fsencode(x) for x in argv)
         fds: list[int] = []
         try:
-            conn = connect_relay(self._relay, max(min(deadline - time.monotonic(), RELAY_TIMEOUT_S), 0.001))
+            conn = connect_relay(relay, max(min(deadline - time.monotonic(), RELAY_TIMEOUT_S), 0.001))
             try:
                 conn.sendall(len(data).to_bytes(4, "little") + data)
                 msg, anc, _, _ = conn.recvmsg(8, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC)
@@ -284,15 +291,16 @@ class Spawner:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         ours = (stdin_w, out_r, err_r)
+        link: Link | None
         try:
             since = boot_ticks() - 1
             try:
                 link, (pid, err, pidfd) = self._request(record, (stdin_r, out_w, err_w), deadline)
             except SpawnerLost as e:
-                pid = self._orphan(out_r, since) if e.killed_in_flight else None
-                if pid is None:
+                orphan = self._orphan(out_r, since) if e.killed_in_flight else None
+                if orphan is None:
                     raise
-                link, err, pidfd = None, 0, open_pidfd(pid)
+                pid, link, err, pidfd = orphan, None, 0, open_pidfd(orphan)
         except BaseException:
             close_fds(ours)
             raise
@@ -345,7 +353,7 @@ class Spawner:
         return None
 
     def _request(self, record: bytes, fds: tuple[int, int, int],
-                 deadline: float) -> tuple[_Link, tuple[int, int, int | None]]:
+                 deadline: float) -> tuple[Link, tuple[int, int, int | None]]:
         with self._lock:
             link = self._link
             if link is None or link.lost:
@@ -386,8 +394,8 @@ class Spawner:
         """The exit code of `proc` (which exited, or was just killed) as its spawner reports it; None when that
         spawner died, or did not report it within STATUS_GRACE_S (stopped by the policy): it is then discarded
         (SIGKILL), so its children, `proc` included, go to the agent's reaper."""
-        link = proc.link
-        if link is None:  # found as an orphan: the reaper has its exit code
+        link = proc.link  # typed `object` in process.py, which must not import this module (a spawner's Link)
+        if not isinstance(link, Link):  # None: found as an orphan, the reaper has its exit code
             return None
         with self._cond:
             self._cond.wait_for(lambda: proc.pid in link.codes or link.lost, STATUS_GRACE_S)
@@ -426,15 +434,16 @@ def _spawn_record(run: ExecRun) -> bytes:
     with the same ValueError, executable candidates from the command's own PATH)."""
     argv = [os.fsencode(a) for a in run.argv]
     env = []
-    for k, v in run.env.items():
-        k, v = os.fsencode(k), os.fsencode(v)
+    for name, value in run.env.items():
+        k, v = os.fsencode(name), os.fsencode(value)
         if b"=" in k:
             raise ValueError("illegal environment variable name")
         env.append(k + b"=" + v)
     exe = argv[0]
     candidates = [exe] if os.path.dirname(exe) else [os.path.join(os.fsencode(d), exe)
                                                         for d in os.get_exec_path(run.env)]
-    fields = [os.fsencode(run.cwd), str(len(argv)).encode(), *argv, str(len(candidates)).encode(), *candidates, *env]
+    fields: list[bytes] = [os.fsencode(run.cwd), str(len(argv)).encode(), *argv, str(len(candidates)).encode(),
+                           *candidates, *env]
     if any(b"\0" in f for f in fields):
         raise ValueError("embedded null byte")
     return b"\0".join(fields)
