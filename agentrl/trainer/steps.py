@@ -1,4 +1,4 @@
-"""The job's step phases (`StepPhases` in job.py): what agentrl does in each phase of a training step.
+"""The job's step phases (`StepPhases` in phases.py): what agentrl does in each phase of a training step.
 
 Owns the timing of a step (begin_step .. after_update, minus the rollout and weight-sync time the rollout measured =
 train time; evaluation and checkpoint saving are outside the step), the step's metrics row (metrics.jsonl, the table
@@ -30,7 +30,7 @@ log = logging.getLogger("agentrl.integrity")
 
 
 class TrainingSteps:
-    """Implements job.StepPhases; the methods below are in the order one step runs them."""
+    """Implements phases.StepPhases; the methods below are in the order one step runs them."""
 
     def __init__(self, rollout: AgentRollout | FollowerRollout, writer: MetricsWriter | None, *, total_steps: int,
                  echo: Callable[[str], None] = print, eval_every: int = 0,

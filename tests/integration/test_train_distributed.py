@@ -92,8 +92,12 @@ def test_two_processes_give_the_metrics_of_one(runs: dict[int, Path]) -> None:
         assert b["loss"] == pytest.approx(a["loss"], abs=2e-4), (a["loss"], b["loss"])
         # the train-inference mismatch of both ranks' tokens together is the one process's (float noise aside:
         # each rank pads its own batch)
-        for key in ("mismatch_logprob_abs_mean", "mismatch_logprob_abs_max", "mismatch_kl"):
-            assert a[key] is not None and b[key] == pytest.approx(a[key], rel=0.05), (key, a[key], b[key])
+        # the largest single-token difference and the KL are that noise itself (max ~3e-5, KL ~5e-11; on the
+        # project's 2-core machine one process gave max 2.5e-5 / KL 4.63e-11 and two 3.7e-5 / 4.36e-11, the same in
+        # every run), so each gets its noise floor as an absolute tolerance; the mean keeps the plain 5%
+        for key, floor in (("mismatch_logprob_abs_mean", 0.0), ("mismatch_logprob_abs_max", 2e-5),
+                           ("mismatch_kl", 1e-10)):
+            assert a[key] is not None and b[key] == pytest.approx(a[key], rel=0.05, abs=floor), (key, a[key], b[key])
 
 
 @pytest.mark.timeout(3000)

@@ -1,4 +1,4 @@
-"""The TRL adapter without a model: TRL's hooks call the job's step phases in the order StepPhases (job.py) states,
+"""The TRL adapter without a model: TRL's hooks call the job's step phases in the order StepPhases (phases.py) states,
 with the right step numbers; the rollout_func regroups TRL's prompts into one task id per group and echoes the
 runner's rewards; TRL's log becomes the update's numbers under agentrl's names."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.trainer.dist import Ranks
-from agentrl.trainer.job import StepPhases
+from agentrl.trainer.phases import StepPhases
 from agentrl.trainer.metrics import UPDATE_KEYS
 from agentrl.trainer.trl_adapter.hooks import PhaseCallback, RolloutHook, update_numbers
 from agentrl.types import Status, Trajectory, Turn

@@ -2,7 +2,7 @@
 pyproject.toml lets nothing else import `trl`). Written against trl 1.16.0 (transformers 5.24).
 
 TRL's `GRPOTrainer.train()` drives the training loop; the adapter makes it call the job's step phases
-(`agentrl.trainer.job.StepPhases`, the step's order and which hook runs each phase) and hands it what it trains on:
+(`agentrl.trainer.phases.StepPhases`, the step's order and which hook runs each phase) and hands it what it trains on:
 
     trainer.py   AgentGRPOTrainer (the GRPOTrainer subclass), TrainConfig -> GRPOConfig, the LoRA config, the
                  resume-stable sampler, the importance-sampling shim, the IS clipped fraction and mismatch logging
@@ -69,7 +69,7 @@ from agentrl.types import SamplingParams
 
 if TYPE_CHECKING:
     from agentrl.envs.base import Task
-    from agentrl.trainer.job import StepPhases
+    from agentrl.trainer.phases import StepPhases
 
 TRL_VERSION = "1.16.0"  # the version this adapter was written and tested against
 

@@ -39,7 +39,7 @@ from agentrl.types import Status, Trajectory
 
 if TYPE_CHECKING:
     from agentrl.envs.base import Task
-    from agentrl.trainer.job import StepPhases
+    from agentrl.trainer.phases import StepPhases
 
 # metrics.UPDATE_KEYS -> the name of that number in TRL's log of a step
 UPDATE_LOG_KEYS = {"kl": "kl", "loss": "loss", "grad_norm": "grad_norm", "learning_rate": "learning_rate",
