@@ -52,7 +52,7 @@ def _add_rollout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-turns", type=int, help="model turns per trajectory, default 4")
     p.add_argument("--out", type=Path, help="trajectory JSONL file to write (default trajectories.jsonl)")
     p.add_argument("--resume", action="store_true", default=None, help="continue --out, skipping finished tasks")
-    p.add_argument("--model", help="HF checkpoint dir (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--model", help="HF checkpoint dir, or an embedded model: smollm2 (default) or gemma3-270m")
     p.add_argument("--engine", choices=["local", "sglang", "vllm"], help="generation engine (default local)")
     p.add_argument("--engine-url", action="append", dest="engine_urls", metavar="URL",
                    help="SGLang worker or vLLM server URL (repeatable; implies --engine sglang unless --engine vllm)")
@@ -162,7 +162,7 @@ def _add_engine_commands(sub: Any) -> None:
     s = eng.add_parser("serve", help="stand-in SGLang (native API subset) or vLLM (/v1/completions + dev control "
                                      "endpoints) server over the local engine, for CPU tests and laptops")
     s.add_argument("--api", choices=["sglang", "vllm"], default="sglang", help="which server to imitate")
-    s.add_argument("--model", help="HF checkpoint dir (default: the embedded SmolLM2-135M-Instruct)")
+    s.add_argument("--model", help="HF checkpoint dir, or an embedded model: smollm2 (default) or gemma3-270m")
     s.add_argument("--port", type=int, default=30000)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--worker-id", help="name in the request log (default host:port)")

