@@ -10,6 +10,8 @@
 3. API calls per trajectory at 1/10/50 tool calls (client-side count of this worker's calls, refills included).
 4. exec round trip via the pod IP (the agent, keep-alive HTTP), against `kubectl exec` of the same command through
    the API server and kubelet (the baseline an exec-based backend pays per tool call), side by side.
+   `--compare-agent OLD`: only this, through an older agent (agent.py, agent.pyz or an agent package dir) and through
+   this tree's, one pod each, alternated `--rounds` times.
 5. control-plane CPU during a run of N sandboxes at once (each runs 10 commands): CPU seconds of kube-apiserver, etcd
    and the kubelet (+ its dockerd), read from /proc for the PIDs the dev cluster recorded (dev cluster only).
 """
@@ -131,6 +133,32 @@ async def calls_per_trajectory(tool_calls: list[int], trajectories: int) -> list
     return rows
 
 
+async def agent_round_trip(n: int, agent_file: Path | None) -> list[float]:
+    """exec `true` n times through the agent of one fresh pod (cold start not timed)."""
+    b = backend("bench-cmp", agent_file=agent_file)
+    h = await b.create(SPEC, {})
+    sb = Sandbox(h, SPEC)
+    out = []
+    try:
+        for _ in range(n):
+            t = time.perf_counter()
+            r = await sb.exec("true")
+            out.append(time.perf_counter() - t)
+            assert r.exit_code == 0, r
+    finally:
+        await sb.close()
+        await b.destroy(h)
+        await b.close()
+    return out
+
+
+async def compare_agents(old: Path, n: int, rounds: int) -> None:
+    print("| agent | round | exec round trip via pod IP |\n| --- | --- | --- |")
+    for r in range(rounds):
+        for name, agent_file in (("old", old), ("this tree", None)):
+            print(f"| {name} | {r + 1} | {ms(await agent_round_trip(n, agent_file))} |", flush=True)
+
+
 async def exec_round_trip(n: int) -> tuple[list[float], list[float]]:
     b = backend("bench-exec")
     h = await b.create(SPEC, {})
@@ -197,7 +225,12 @@ async def main(argv: list[str]) -> None:
     p.add_argument("--execs", type=int, default=200)
     p.add_argument("--trajectories", type=int, default=3)
     p.add_argument("--sandboxes", type=int, default=32)
+    p.add_argument("--compare-agent", type=Path, help="only exec round trips: this older agent vs this tree's")
+    p.add_argument("--rounds", type=int, default=3, help="--compare-agent: alternations of the two agents")
     a = p.parse_args(argv)
+    if a.compare_agent:
+        await compare_agents(a.compare_agent, a.execs, a.rounds)
+        return
     print(f"real cluster ({os.environ.get('KUBECONFIG', '~/.kube/config')}), namespace {NS}, sandbox {SPEC.cpus} CPU "
           f"{SPEC.memory}")
     print(f"pod cold start (create -> agent answers):  {ms(await cold_start(a.cold))}")

@@ -12,6 +12,16 @@
 #     PID"), so pause/Guaranteed containers use 0; kernel sysctls are only warned about, never rewritten on the host;
 #     pod and container logs live under the cluster directory instead of /var/log; and (a dev convenience, not a fix)
 #     AGENTRL_DEV_NODE_CPUS overrides the CPU capacity the node reports, so a 2-core machine schedules many sandboxes.
+#  4. kubemark (only when asked for: build.sh kubemark; the hollow nodes of benchmarks/bench_k8s_scale.py): a hollow
+#     node's pod IP (AGENTRL_HOLLOW_POD_IP, upstream a fixed 192.168.192.168), its pod capacity
+#     (AGENTRL_HOLLOW_MAX_PODS, upstream 110), its memory (AGENTRL_HOLLOW_MEMORY_MB, upstream 3.75 GiB) and its
+#     ephemeral storage (AGENTRL_HOLLOW_DISK_MB, upstream 0: no pod with a storage limit fits; the fake cAdvisor's root
+#     file system and the stub container manager's capacity) come from
+#     the environment, and the containers named in AGENTRL_HOLLOW_EXIT_AT_ONCE (agentrl's init container) exit 0 as
+#     they start (upstream's fake runtime never ends a container, so a pod with an init container never runs); unset,
+#     each stays upstream's; and the fake OS's file map gets a lock (upstream's kubemark dies of "concurrent map
+#     writes" at ~50 pods per node). Only cmd/kubemark and the fakes it uses (fake cAdvisor, fake CRI runtime, stub
+#     container manager, fake OS) change.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 P=${AGENTRL_K8S_DIR:-$HOME/.cache/agentrl/k8s}
@@ -74,6 +84,92 @@ GO
   rm -f "$P/bin/kubelet"
 }
 
+patch_kubemark() {  # fix 4 (see the header)
+  local h=$S/cmd/kubemark/hollow-node.go f=$S/pkg/kubelet/cadvisor/testing/cadvisor_fake.go
+  if ! grep -q fakeDisk "$f"; then
+    sed -i 's#^func (c \*Fake) RootFsInfo() (cadvisorapiv2.FsInfo, error) {#&\n\treturn cadvisorapiv2.FsInfo{Capacity: fakeDisk(), Available: fakeDisk()}, nil // agentrl-dev-cluster#' "$f"
+    cat >> "$f" <<'GO'
+
+// fakeDisk is the hollow node's root file system size: AGENTRL_HOLLOW_DISK_MB, else 0 as upstream (agentrl-dev-cluster).
+func fakeDisk() uint64 {
+	v, _ := strconv.ParseUint(os.Getenv("AGENTRL_HOLLOW_DISK_MB"), 10, 64)
+	return v << 20
+}
+GO
+    rm -f "$P/bin/kubemark"
+  fi
+  local o=$S/pkg/kubelet/container/testing/os.go  # kubemark's FakeOS: a map written by every pod worker
+  if ! grep -q agentrl-dev-cluster "$o"; then
+    sed -i 's#^\t"time"\n)#&#; s#^import (#import (\n\t"sync"#' "$o"
+    sed -i 's#^func (f \*FakeOS) Create(path string) (\*os.File, error) {#&\n\tfakeOSMu.Lock() // agentrl-dev-cluster: upstream unlocked, "fatal error: concurrent map writes" at ~50 pods per node\n\tdefer fakeOSMu.Unlock()#' "$o"
+    sed -i 's#^func (f \*FakeOS) Remove(path string) error {#&\n\tfakeOSMu.Lock() // agentrl-dev-cluster\n\tdefer fakeOSMu.Unlock()#; s#^func (f \*FakeOS) RemoveAll(path string) error {#&\n\tfakeOSMu.Lock() // agentrl-dev-cluster\n\tdefer fakeOSMu.Unlock()#' "$o"
+    printf '\n// fakeOSMu serializes FakeOS writes (agentrl-dev-cluster: kubemark runs pod workers concurrently).\nvar fakeOSMu sync.Mutex\n' >> "$o"
+    grep -q 'fakeOSMu.Lock() // agentrl-dev-cluster: upstream' "$o" || { log "FakeOS patch did not apply"; exit 1; }
+    rm -f "$P/bin/kubemark"
+  fi
+  local m=$S/pkg/kubelet/cm/container_manager_stub.go  # the capacity the node reports comes from here
+  if ! grep -q agentrl-dev-cluster "$m"; then
+    perl -0pi -e 's#(v1.ResourceEphemeralStorage: \*resource.NewQuantity\(\n\t\t\t)int64\(0\),#$1int64(hollowDiskBytes()), // agentrl-dev-cluster: upstream 0#' "$m"
+    sed -i 's#^import (#import (\n\t"os"\n\t"strconv"\n#' "$m"
+    cat >> "$m" <<'GO'
+
+// hollowDiskBytes: AGENTRL_HOLLOW_DISK_MB, else 0 as upstream (agentrl-dev-cluster: kubemark's hollow nodes).
+func hollowDiskBytes() uint64 {
+	v, _ := strconv.ParseUint(os.Getenv("AGENTRL_HOLLOW_DISK_MB"), 10, 64)
+	return v << 20
+}
+GO
+    grep -q 'int64(hollowDiskBytes())' "$m" || { log "stub container manager patch did not apply"; exit 1; }
+    rm -f "$P/bin/kubemark"
+  fi
+  grep -q agentrl-dev-cluster "$h" && return 0
+  sed -i 's#^\tmaxPods     = 110#\tupstreamMaxPods = 110 // agentrl-dev-cluster: upstream maxPods#' "$h"
+  sed -i 's#^\t\tMaxPods:             maxPods,#\t\tMaxPods:             envInt("AGENTRL_HOLLOW_MAX_PODS", upstreamMaxPods),#' "$h"
+  sed -i 's#^\tif config.Morph == "kubelet" {#\tif ip := os.Getenv("AGENTRL_HOLLOW_POD_IP"); ip != "" { // agentrl-dev-cluster\n\t\tcriapitest.FakePodSandboxIPs = []string{ip}\n\t}\n\tif config.Morph == "kubelet" {#' "$h"
+  sed -i 's#^\tcadvisortest "k8s.io/kubernetes/pkg/kubelet/cadvisor/testing"#\t"strconv"\n\n\tcriapitest "k8s.io/cri-api/pkg/apis/testing"\n\tcadvisortest "k8s.io/kubernetes/pkg/kubelet/cadvisor/testing"#' "$h"
+  cat >> "$h" <<'GO'
+
+// envInt reads a positive integer from the environment (agentrl-dev-cluster: hollow nodes sized for a scale run).
+func envInt(name string, fallback int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return fallback
+}
+GO
+  sed -i 's#^\t\tMemoryCapacity: fakeMemoryCapacity,#\t\tMemoryCapacity: fakeMemory(), // agentrl-dev-cluster: upstream fakeMemoryCapacity#' "$f"
+  sed -i 's#^import (#import (\n\t"os"\n\t"strconv"\n#' "$f"
+  cat >> "$f" <<'GO'
+
+// fakeMemory is the hollow node's memory: AGENTRL_HOLLOW_MEMORY_MB, else upstream's (agentrl-dev-cluster).
+func fakeMemory() uint64 {
+	if v, err := strconv.ParseUint(os.Getenv("AGENTRL_HOLLOW_MEMORY_MB"), 10, 64); err == nil && v > 0 {
+		return v << 20
+	}
+	return fakeMemoryCapacity
+}
+GO
+  local r=$S/vendor/k8s.io/cri-api/pkg/apis/testing/fake_runtime_service.go
+  sed -i 's#^\tc.StartedAt = time.Now().UnixNano()#\tc.StartedAt = time.Now().UnixNano()\n\tif exitsAtOnce(c.Metadata.GetName()) { // agentrl-dev-cluster\n\t\tc.State = runtimeapi.ContainerState_CONTAINER_EXITED\n\t\tc.FinishedAt = c.StartedAt\n\t}#' "$r"
+  sed -i 's#^import (#import (\n\t"os"\n\t"strings"\n#' "$r"
+  cat >> "$r" <<'GO'
+
+// exitsAtOnce: a container named in AGENTRL_HOLLOW_EXIT_AT_ONCE (comma-separated) exits 0 as it starts
+// (agentrl-dev-cluster: an init container of a hollow node's pod must end for the pod to run).
+func exitsAtOnce(name string) bool {
+	for _, n := range strings.Split(os.Getenv("AGENTRL_HOLLOW_EXIT_AT_ONCE"), ",") {
+		if n != "" && n == name {
+			return true
+		}
+	}
+	return false
+}
+GO
+  grep -q 'exitsAtOnce(c.Metadata' "$r" && grep -q 'envInt("AGENTRL_HOLLOW_MAX_PODS"' "$h" && grep -q 'criapitest.FakePodSandboxIPs' "$h" \
+    && grep -q 'fakeMemory(), //' "$f" || { log "kubemark patch did not apply"; exit 1; }
+  rm -f "$P/bin/kubemark"
+}
+
 replace_reflect2() {  # fix 2
   [ -f "$S/vendor/github.com/modern-go/reflect2/go_above_118.go" ] && return 0
   local d=/usr/share/gocode/src/github.com/modern-go/reflect2
@@ -115,4 +211,5 @@ fetch_source
 patch_kubelet
 patch_node_cpus
 replace_reflect2
+case " $* " in *" kubemark "*) patch_kubemark ;; esac
 build "$@"

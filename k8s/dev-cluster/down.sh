@@ -49,6 +49,11 @@ remove_cgroups() {  # the kubelet's pod cgroups (empty once the containers are g
   return 0
 }
 
+for f in "$R"/hollow/hollow-*.pid; do  # kubemark hollow nodes (hollow-nodes.sh), if any run
+  [ -f "$f" ] || continue
+  kill "$(cat "$f")" 2>/dev/null && say "stopped $(basename "$f" .pid)"
+  rm -f "$f"
+done
 stop_pid kubelet
 remove_containers
 stop_pid dockerd

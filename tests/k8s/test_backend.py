@@ -133,10 +133,11 @@ async def test_sandbox_pool_leases_over_the_backend(cluster: Any) -> None:
 
         assert sorted(await asyncio.gather(*(one(i) for i in range(6)))) == [str(i) for i in range(6)]
     await backend.close()
-    async with asyncio.timeout(10):  # a warm pod whose create was in flight at close is deleted when it lands
-        while left := [p for p in await cluster.pods() if not p["metadata"].get("deletionTimestamp")]:
-            await asyncio.sleep(0.1)
-    assert not left
+    deadline = time.monotonic() + 10  # the deletes of close() may still be landing
+    while (left := [p for p in await cluster.pods() if not p["metadata"].get("deletionTimestamp")]) and (
+            time.monotonic() < deadline):
+        await asyncio.sleep(0.1)
+    assert not left, [(p["metadata"]["name"], p["metadata"]["labels"].get("agentrl.io/state")) for p in left]
 
 
 async def test_start_failure_is_fast_and_cleans_up(fake_cluster: Any) -> None:
@@ -151,3 +152,32 @@ async def test_start_failure_is_fast_and_cleans_up(fake_cluster: Any) -> None:
     async with asyncio.timeout(10):
         while await fake_cluster.pods():
             await asyncio.sleep(0.05)
+
+
+async def test_close_deletes_a_warm_pod_that_changed_between_its_list_and_its_delete(fake_cluster: Any) -> None:
+    """close() lists its own warm pods, then deletes each at the listed resourceVersion (so that another worker's
+    claim wins). A status update in between (the kubelet's, on a starting pod) made that delete a 409, and the pod
+    outlived the run (CI: test_sandbox_pool_leases_over_the_backend[fake])."""
+    from agentrl.sandbox.kubernetes.api import MERGE_PATCH
+
+    backend = fake_cluster.backend(warm=1)
+    await backend.warm_up(fake_cluster.spec)
+    async with asyncio.timeout(20):
+        while not await fake_cluster.pods("agentrl.io/state=warm"):
+            await asyncio.sleep(0.05)
+    plane = backend.plane
+    delete = plane._delete
+    bumped: list[str] = []
+
+    async def racing_delete(name: str, rv: str | None = None) -> bool:
+        if rv is not None and not bumped:  # what a status update does between the list and the delete
+            await fake_cluster.kube.request("PATCH", fake_cluster.path(name), content_type=MERGE_PATCH,
+                                            body={"metadata": {"annotations": {"test/bump": "1"}}})
+            bumped.append(name)
+        return await delete(name, rv)
+
+    plane._delete = racing_delete
+    await backend.close()
+    assert bumped
+    left = [p for p in await fake_cluster.pods() if not p["metadata"].get("deletionTimestamp")]
+    assert not left, [p["metadata"]["name"] for p in left]

@@ -129,6 +129,7 @@ class KubeApi:
         self._bucket = TokenBucket(qps, burst)
         self.timeout_s = timeout_s
         self.calls: Counter[str] = Counter()  # "VERB resource" -> count, for stats and benchmarks
+        self.statuses: Counter[str] = Counter()  # non-2xx answers by HTTP status ("0": no answer): 429s, conflicts
 
     def _count(self, method: str, path: str, query: dict[str, Any] | None) -> None:
         parts = [p for p in path.split("?")[0].split("/") if p]
@@ -156,8 +157,10 @@ class KubeApi:
             resp = self._client.call_api(m, url, header_params=hdrs, body=payload,
                                          _request_timeout=timeout or self.timeout_s)
         except urllib3.exceptions.HTTPError as e:
+            self.statuses["0"] += 1
             raise ApiError(0, "", f"{type(e).__name__}: {e}") from e
         if not 200 <= resp.status <= 299:
+            self.statuses[str(resp.status)] += 1
             raise _error(resp.status, resp.read() or b"", resp.headers)
         if stream:
             return resp.response
@@ -219,6 +222,24 @@ async def retrying(call: Callable[[], Awaitable[T]], *, attempts: int, base_s: f
     raise AssertionError("unreachable")
 
 
+async def gather_bounded(aws: list[Awaitable[T]], limit: int) -> list[T]:
+    """Await all of `aws`, at most `limit` at a time (each call still passes the client's rate limit), and return
+    their results in order; when some raised, the first of those is raised once all have finished. A sweep of
+    thousands of orphans one call at a time waited one round trip per object; all at once they would all hold the
+    API threads."""
+    sem = asyncio.Semaphore(limit)
+
+    async def one(aw: Awaitable[T]) -> T:
+        async with sem:
+            return await aw
+
+    results = await asyncio.gather(*(one(aw) for aw in aws), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results  # type: ignore[return-value]  # no exception among them
+
+
 def name_of(obj: dict[str, Any]) -> str:
     return obj["metadata"]["name"]
 
@@ -241,7 +262,13 @@ class Informer:
         self._thread: threading.Thread | None = None
         self._resp: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._listeners: list[Callable[[str, dict[str, Any] | None], None]] = []
         self.events = 0
+
+    def listen(self, fn: Callable[[str, dict[str, Any] | None], None]) -> None:
+        """Call `fn(name, object)` on the loop for every change as it is applied (object None: gone), so a user can
+        keep what it derives from an object up to date once per event instead of rescanning every object."""
+        self._listeners.append(fn)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -254,7 +281,12 @@ class Informer:
         fresh = {name_of(o): o for o in listing.get("items") or []}
         for name in set(self.objects) - set(fresh):
             self.deleted[name] = self.objects[name]
+            for fn in self._listeners:
+                fn(name, None)
         self.objects = fresh
+        for name, obj in fresh.items():
+            for fn in self._listeners:
+                fn(name, obj)
         self._rv = listing.get("metadata", {}).get("resourceVersion", "")
         for name in list(self._signals):
             self._signal(name)
@@ -270,6 +302,8 @@ class Informer:
                 self.deleted.pop(next(iter(self.deleted)))
         else:
             self.objects[name] = obj
+        for fn in self._listeners:
+            fn(name, None if kind == "DELETED" else obj)
         self._signal(name)
         self._signal(None)
 

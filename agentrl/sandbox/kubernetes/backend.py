@@ -331,6 +331,7 @@ class KubernetesBackend:
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.plane.counters) if self.plane is not None else {}
         out["api_calls"] = dict(self.api.calls) if self.api is not None else {}
+        out["api_errors"] = dict(self.api.statuses) if self.api is not None else {}
         return out
 
     async def close(self) -> None:

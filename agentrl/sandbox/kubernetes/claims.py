@@ -27,7 +27,7 @@ from typing import Any
 
 from agentrl.errors import SandboxStartError
 from agentrl.sandbox.base import SandboxSpec
-from agentrl.sandbox.kubernetes.api import ApiError, Informer, KubeApi, retrying
+from agentrl.sandbox.kubernetes.api import ApiError, Informer, KubeApi, gather_bounded, retrying
 from agentrl.sandbox.kubernetes.pods import (
     A_LABELS,
     CLAIMED,
@@ -47,7 +47,7 @@ from agentrl.sandbox.kubernetes.pods import (
     should_remove,
     spec_hash,
 )
-from agentrl.sandbox.kubernetes.pool import Acquired, live_owner_uids
+from agentrl.sandbox.kubernetes.pool import SWEEP_CONCURRENCY, Acquired, live_owner_uids
 
 log = logging.getLogger("agentrl.sandbox")
 EXT_GROUP, CORE_GROUP = "extensions.agents.x-k8s.io", "agents.x-k8s.io"
@@ -203,13 +203,11 @@ class ClaimPlane:
                                    query={"labelSelector": f"{MANAGED_BY}={MANAGED},{L_ROLE}={ROLE}"})
         claims = listing.get("items") or []
         live = await live_owner_uids(self._call, claims)
-        removed = 0
-        for claim in claims:
-            if should_remove(claim, now=time.time(), host=self.owner.host, live_owner_uids=live, run_id=run_id,
-                             all_runs=all_runs):
-                await self.release(claim["metadata"]["name"])
-                removed += 1
-        return removed
+        now = time.time()
+        doomed = [c["metadata"]["name"] for c in claims if should_remove(
+            c, now=now, host=self.owner.host, live_owner_uids=live, run_id=run_id, all_runs=all_runs)]
+        await gather_bounded([self.release(name) for name in doomed], SWEEP_CONCURRENCY)
+        return len(doomed)
 
     async def close(self) -> None:
         results = await asyncio.gather(*(self.release(n) for n in list(self._live)), return_exceptions=True)

@@ -33,7 +33,7 @@ Why two containers: resource separation. The commands' memory, CPU and disk limi
 a command that fills them (memory held by no process, a busy loop, an OOM after lowering its oom_score_adj) cannot
 take the agent's: the OOM killer picks inside the container whose limit was hit, and CFS throttles each container on
 its own quota. Pids are the pod's (the kubelet's podPidsLimit covers every container): the agent keeps its worker
-threads from start-up and kills without forking (the agent's process.py), so a full pids budget cannot stop it
+threads from start-up and kills without forking (the agent's kill.py), so a full pids budget cannot stop it
 either. The agent reports `resources_separated` in /health; the relay (the sandbox container's main process) is in
 the commands' budget, and if the commands make it die, their later commands fail as the policy's doing.
 

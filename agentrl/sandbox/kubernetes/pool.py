@@ -19,6 +19,11 @@ created them; every worker watches it (one list+watch) and:
              so a pod claimed meanwhile is never deleted.
 
 Warm pods carry activeDeadlineSeconds = ttl_s + warm_max_idle_s, so a pool whose workers all died still dies.
+
+Scale: claims, refill and recycle read `PodFacts` (labels, readiness, death, start time of each pod), derived once per
+watch event, never the pods themselves: with 2,000 pods a scan of the raw objects (timestamps parsed, statuses
+walked) cost ~0.2 s of event-loop time, once per claim and once per watch event (benchmarks/bench_k8s_scale.py).
+Refill passes are at least REFILL_GAP_S apart, however many events arrive.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from typing import Any
 
 from agentrl.errors import SandboxStartError
 from agentrl.sandbox.base import SandboxSpec
-from agentrl.sandbox.kubernetes.api import MERGE_PATCH, ApiError, Informer, KubeApi, retrying
+from agentrl.sandbox.kubernetes.api import MERGE_PATCH, ApiError, Informer, KubeApi, gather_bounded, retrying
 from agentrl.sandbox.kubernetes.pods import (
     A_LABELS,
     A_NONCE,
@@ -66,10 +71,37 @@ from agentrl.sandbox.kubernetes.pods import (
     run_id_of,
     should_remove,
     spec_hash,
+    started_at,
 )
 
 log = logging.getLogger("agentrl.sandbox")
 RECYCLE_EVERY_S = 5.0
+REFILL_GAP_S = 0.05  # refill passes at most this often (a burst of watch events is one pass)
+SWEEP_CONCURRENCY = 16  # deletes of one sweep in flight at once
+
+
+@dataclass(slots=True)
+class PodFacts:
+    """What claims, refill and recycle need of one pod (see the module docstring)."""
+
+    state: str | None
+    spec: str | None
+    creator: str | None
+    ready: bool
+    dead: bool  # death_reason(pod, False): failed, being deleted, or a container that cannot start
+    start: float  # started_at, or +inf when unknown (age -inf: never too old, as age_s's 0)
+    rv: str
+    deleting: bool
+
+    @classmethod
+    def of(cls, pod: Obj) -> PodFacts:
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        start = started_at(pod)
+        return cls(state=labels.get(L_STATE), spec=labels.get(L_SPEC), creator=labels.get(L_CREATOR),
+                   ready=is_ready(pod), dead=death_reason(pod, False) is not None,
+                   start=math.inf if start is None else start, rv=meta.get("resourceVersion", ""),
+                   deleting=bool(meta.get("deletionTimestamp")))
 
 
 @dataclass
@@ -95,6 +127,8 @@ class PodPool:
         self.owner = owner
         self.path = f"/api/v1/namespaces/{cfg.namespace}/pods"
         self.informer = Informer(api, self.path, f"{MANAGED_BY}={MANAGED},{L_POOL}={cfg.pool}")
+        self.facts: dict[str, PodFacts] = {}  # name -> facts of every pod in the informer's cache
+        self.informer.listen(self._observe)
         self.counters: Counter[str] = Counter()
         self._live: set[str] = set()  # claimed or created by this worker and not released
         self._claiming: set[str] = set()  # pods one of our own concurrent claims is patching right now
@@ -107,6 +141,12 @@ class PodPool:
 
     async def start(self) -> None:
         await self.informer.start()
+
+    def _observe(self, name: str, pod: Obj | None) -> None:
+        if pod is None:
+            self.facts.pop(name, None)
+        else:
+            self.facts[name] = PodFacts.of(pod)
 
     async def _call(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
         c = self.cfg
@@ -158,25 +198,23 @@ class PodPool:
         return pod_manifest(name, body, labels=own, annotations=ann, owner_refs=refs, namespace=self.cfg.namespace,
                             template=self.opts.template)
 
-    def _claimable(self, pod: Obj, shash: str, now: float) -> bool:
-        labels = pod["metadata"].get("labels") or {}
-        name = pod["metadata"]["name"]
-        return (labels.get(L_STATE) == WARM and labels.get(L_SPEC) == shash and is_ready(pod)
-                and name not in self._claiming and self._lost.get(name) != pod["metadata"]["resourceVersion"]
-                and age_s(pod, now) < self.cfg.warm_max_idle_s - 5)
+    def _claimable(self, shash: str, now: float) -> list[str]:
+        idle = self.cfg.warm_max_idle_s - 5
+        return [name for name, f in self.facts.items()
+                if f.state == WARM and f.spec == shash and f.ready and now - f.start < idle
+                and name not in self._claiming and self._lost.get(name) != f.rv]
 
     async def _claim(self, shash: str, spec: SandboxSpec, labels: dict[str, str]) -> Obj | None:
         """A warm pod made ours by a conditional update, or None (none ready, or lost claim_attempts races)."""
         for _ in range(self.cfg.claim_attempts):
-            now = time.time()
-            ready = [p for p in self.informer.objects.values() if self._claimable(p, shash, now)]
+            ready = self._claimable(shash, time.time())
             if not ready and not await self._grace(shash):
                 return None
-            ready = ready or [p for p in self.informer.objects.values() if self._claimable(p, shash, time.time())]
+            ready = ready or self._claimable(shash, time.time())
             if not ready:
                 return None
-            pod = random.choice(ready)
-            name = pod["metadata"]["name"]
+            name = random.choice(ready)
+            pod = self.informer.objects[name]
             self._claiming.add(name)
             self.counters["claims"] += 1
             try:
@@ -196,9 +234,7 @@ class PodPool:
 
     async def _grace(self, shash: str) -> bool:
         """claim_grace_s: when warm pods are still starting, wait that long for one to become ready."""
-        starting = any((p["metadata"].get("labels") or {}).get(L_SPEC) == shash and not is_ready(p)
-                       and (p["metadata"].get("labels") or {}).get(L_STATE) == WARM
-                       for p in self.informer.objects.values())
+        starting = any(f.spec == shash and not f.ready and f.state == WARM for f in self.facts.values())
         if self.cfg.claim_grace_s <= 0 or not starting:
             return False
         try:
@@ -269,9 +305,10 @@ class PodPool:
         while True:
             changed = self.informer.changed()
             await self._recycle(time.time())
-            self._inflight -= set(self.informer.objects)
-            mine = [p for p in self.informer.objects.values() if self._is_my_warm(p)]
-            pending = sum(1 for p in mine if not is_ready(p)) + len(self._inflight) + self._creating
+            self._inflight = {name for name in self._inflight if name not in self.facts}
+            now = time.time()
+            mine = [f for f in self.facts.values() if self._is_my_warm(f, now)]
+            pending = sum(1 for f in mine if not f.ready) + len(self._inflight) + self._creating
             deficit = self.cfg.warm - len(mine) - len(self._inflight) - self._creating
             for _ in range(max(0, min(deficit, self.cfg.max_pending - pending))):
                 self._spawn(self._create_warm(spec, body, shash))
@@ -281,16 +318,16 @@ class PodPool:
                 await asyncio.sleep(backoff)
                 continue
             backoff = 0.0
+            await asyncio.sleep(REFILL_GAP_S)
             try:
                 async with asyncio.timeout(RECYCLE_EVERY_S):
                     await changed.wait()
             except TimeoutError:
                 pass
 
-    def _is_my_warm(self, pod: Obj) -> bool:
-        labels = pod["metadata"].get("labels") or {}
-        return (labels.get(L_CREATOR) == self.owner.session and labels.get(L_STATE) == WARM
-                and death_reason(pod, False) is None and age_s(pod, time.time()) < self.cfg.warm_max_idle_s - 5)
+    def _is_my_warm(self, f: PodFacts, now: float) -> bool:
+        return (f.creator == self.owner.session and f.state == WARM and not f.dead
+                and now - f.start < self.cfg.warm_max_idle_s - 5)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -311,12 +348,10 @@ class PodPool:
             self._creating -= 1
 
     async def _recycle(self, now: float) -> None:
-        doomed = [p for p in self.informer.objects.values()
-                  if (p["metadata"].get("labels") or {}).get(L_STATE) == WARM and not p["metadata"].get(
-                      "deletionTimestamp") and (age_s(p, now) > self.cfg.warm_max_idle_s
-                                                or death_reason(p, False) is not None)]
-        for pod in doomed[:16]:
-            if await self._delete(pod["metadata"]["name"], pod["metadata"]["resourceVersion"]):
+        doomed = [(name, f.rv) for name, f in self.facts.items()
+                  if f.state == WARM and not f.deleting and (now - f.start > self.cfg.warm_max_idle_s or f.dead)]
+        for name, rv in doomed[:16]:
+            if await self._delete(name, rv):
                 self.counters["recycled"] += 1
 
     # ------------------------------------------------------------------ release, state, sweep
@@ -333,6 +368,27 @@ class PodPool:
                 return False
             raise
         return True
+
+    async def _delete_while_warm(self, name: str, rv: str | None) -> bool:
+        """Delete a pod at `rv`; when it changed meanwhile (the kubelet's status updates move a starting pod's
+        resourceVersion), read it again and retry while it is still an unclaimed warm pod (another worker's claim
+        wins). `rv` None: unconditionally (a pod this worker holds)."""
+        for _ in range(5):
+            if await self._delete(name, rv):
+                return True
+            if rv is None:
+                return False
+            try:
+                pod = await self._call("GET", f"{self.path}/{name}", f"get pod {name}")
+            except ApiError as e:
+                if e.status == 404:
+                    return False
+                raise
+            meta = pod["metadata"]
+            if (meta.get("labels") or {}).get(L_STATE) != WARM or meta.get("deletionTimestamp"):
+                return False
+            rv = meta["resourceVersion"]
+        raise ApiError(409, "Conflict", f"pod {name} kept changing under 5 conditional deletes")
 
     async def release(self, name: str) -> None:
         await self._delete(name)
@@ -358,17 +414,19 @@ class PodPool:
         pods = listing.get("items") or []
         live = await live_owner_uids(self._call, pods)
         now = time.time()
-        removed = 0
-        for pod in pods:
-            if not should_remove(pod, now=now, host=self.owner.host, live_owner_uids=live, run_id=run_id,
-                                 all_runs=all_runs):
-                continue
+        doomed = [pod for pod in pods if should_remove(pod, now=now, host=self.owner.host, live_owner_uids=live,
+                                                       run_id=run_id, all_runs=all_runs)]
+
+        async def remove(pod: Obj) -> bool:
             meta = pod["metadata"]
             unclaimed = (meta.get("labels") or {}).get(L_STATE) != CLAIMED
             try:
-                removed += await self._delete(meta["name"], meta["resourceVersion"] if unclaimed else None)
+                return await self._delete(meta["name"], meta["resourceVersion"] if unclaimed else None)
             except ApiError as e:
                 log.warning("sweep: could not delete pod %s: %s", meta["name"], e)
+                return False
+
+        removed = sum(await gather_bounded([remove(pod) for pod in doomed], SWEEP_CONCURRENCY))
         self.counters["swept"] += removed
         return removed
 
@@ -383,7 +441,7 @@ class PodPool:
             mine = await self._call("GET", self.path, "list own warm pods", query={
                 "labelSelector": f"{L_CREATOR}={self.owner.session},{L_STATE}={WARM}"})
             doomed += [(p["metadata"]["name"], p["metadata"]["resourceVersion"]) for p in mine.get("items") or []]
-        results = await asyncio.gather(*(self._delete(n, rv) for n, rv in doomed), return_exceptions=True)
+        results = await asyncio.gather(*(self._delete_while_warm(n, rv) for n, rv in doomed), return_exceptions=True)
         for (name, _), result in zip(doomed, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("could not delete pod %s on close: %s (agentrl sandbox gc removes it)", name, result)
