@@ -1,12 +1,17 @@
-"""Learning on a multi-turn tool-using task: GRPO of the embedded SmolLM2-135M-Instruct on `tool_calc`, 3 seeds,
-each evaluated before/after on held-out tasks with `agentrl eval` (95% intervals, paired test), plus how the
-behaviour changed, and optionally the same run with dynamic sampling for a side-by-side at equal wall time.
+"""Learning on a multi-turn tool-using task: GRPO of the embedded SmolLM2-135M-Instruct, 3 seeds, each evaluated
+before/after on held-out tasks with `agentrl eval` (95% intervals, paired test), plus how the behaviour changed, and
+optionally the same run with dynamic sampling for a side-by-side at equal wall time.
 
-Per seed: `agentrl train --config docs/configs/tool_calc-train.yaml --seed S` (the train split), then
-`agentrl eval --checkpoint RUN --baseline smollm2 --config docs/configs/tool_calc-eval.yaml --seed S` (the eval split:
-no operand pair of a training question). Reported per seed and mode (sampled at the training temperature, greedy):
-mean reward before -> after with 95% bootstrap intervals over tasks, the paired difference with its 95% interval
-and p-value (sign-flip permutation test over tasks), and the behaviour on the held-out runs: tool-call rate
+`--env tool_calc` (default): 3-digit arithmetic through a ```python block; greedy decoding solves it before training,
+so this measures learning the tool-then-answer format under sampling. `--env tool_chain`: a hidden function applied
+k times that only the sandbox can evaluate; the base model applies it once and answers (greedy 0/64 held-out), so
+this measures a new capability at greedy.
+
+Per seed: `agentrl train --config docs/configs/<env>-train.yaml --seed S` (the train split), then
+`agentrl eval --checkpoint RUN --baseline smollm2 --config docs/configs/<env>-eval.yaml --seed S` (the eval split:
+no operand pair / hidden function of a training task). Reported per seed and mode (sampled at the training
+temperature, greedy): mean reward before -> after with 95% bootstrap intervals over tasks, the paired difference
+with its 95% interval and p-value (sign-flip permutation test over tasks), and the behaviour on the held-out runs: tool-call rate
 (trajectories that ran at least one ```python block), mean model turns, format errors (last turn without a
 well-formed `ANSWER: n`, or a block that did not parse), truncation rate (a turn cut at max_new_tokens).
 `--dynamic` adds, for the first seed, the same job with `dynamic_sampling.enabled` and compares both runs' training
@@ -14,8 +19,8 @@ reward against cumulative wall time, and the held-out score of each run's checkp
 evaluated at its checkpoint closest to the shorter run's wall time when `checkpoint_every` allows it).
 The machine's load average is recorded: other processes stretch wall times.
 
-    python benchmarks/bench_learning.py [--seeds 0 1 2] [--steps N] [--out runs/bench_learning] [--dynamic]
-                                        [--json summary.json]
+    python benchmarks/bench_learning.py [--env tool_calc|tool_chain] [--seeds 0 1 2] [--steps N]
+                                        [--out runs/bench_learning] [--dynamic] [--json summary.json]
 """
 
 from __future__ import annotations
@@ -31,8 +36,15 @@ from statistics import mean
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+ENVS = ("tool_calc", "tool_chain")  # each has docs/configs/<env>-train.yaml and <env>-eval.yaml
 TRAIN = ROOT / "docs" / "configs" / "tool_calc-train.yaml"
 EVAL = ROOT / "docs" / "configs" / "tool_calc-eval.yaml"
+
+
+def use_env(env: str) -> None:
+    """Point TRAIN / EVAL at `env`'s configs."""
+    global TRAIN, EVAL
+    TRAIN, EVAL = (ROOT / "docs" / "configs" / f"{env}-{kind}.yaml" for kind in ("train", "eval"))
 
 
 def agentrl(*args: str) -> float:
@@ -128,7 +140,7 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
 
 
 def plot_svg(results: dict[str, Any], path: Path) -> None:
-    """A dependency-free SVG: training pass rate per step for each run (left), held-out sampled-mode score
+    """A dependency-free SVG: training pass rate per step for each run (left), held-out sampled and greedy score
     before -> after for each seed (right)."""
     runs = [(f"seed {k}", v["train"]["steps"]) for k, v in results["seeds"].items()]
     if "dynamic" in results:
@@ -155,19 +167,22 @@ def plot_svg(results: dict[str, Any], path: Path) -> None:
         out.append(f'<polyline points="{pts}" fill="none" stroke="{COLORS[i % 5]}" stroke-width="2"/>')
         out.append(f'<text x="{pad}" y="{2 * pad + h + 20 * i}" fill="{COLORS[i % 5]}">{label}</text>')
     x0 = 2 * pad + w
-    axes(x0, "held-out score, sampled at T=1: start -> trained", "start            trained")
-    for i, (seed, r) in enumerate(results["seeds"].items()):
-        m = r["eval"]["modes"].get("sampled")
-        if m:
-            y0, y1 = pad + h - m["before"] * h, pad + h - m["after"] * h
-            out.append(f'<line x1="{x0 + 60}" y1="{y0:.1f}" x2="{x0 + w - 60}" y2="{y1:.1f}" '
-                       f'stroke="{COLORS[i % 5]}" stroke-width="2"/>')
+    axes(x0, "held-out score: sampled at T=1 (solid), greedy (dashed)", "start            trained")
+    for i, r in enumerate(results["seeds"].values()):
+        for mode, dash in (("sampled", ""), ("greedy", ' stroke-dasharray="6,4"')):
+            m = r["eval"]["modes"].get(mode)
+            if m:
+                y0, y1 = pad + h - m["before"] * h, pad + h - m["after"] * h
+                out.append(f'<line x1="{x0 + 60}" y1="{y0:.1f}" x2="{x0 + w - 60}" y2="{y1:.1f}" '
+                           f'stroke="{COLORS[i % 5]}" stroke-width="2"{dash}/>')
     out.append("</svg>")
     path.write_text("\n".join(out))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--env", choices=ENVS, default="tool_calc",
+                   help="tool_calc: the format benchmark; tool_chain: the skill benchmark (a greedy gain)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, help="overrides the config's steps")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_learning")
@@ -175,6 +190,7 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="also write the summary here (default: OUT/summary.json)")
     p.add_argument("--svg", type=Path, help="the plot (default: OUT/learning.svg)")
     a = p.parse_args()
+    use_env(a.env)
     if a.out.exists() and any(a.out.iterdir()):
         sys.exit(f"{a.out} is not empty: remove it or pass --out")
     t0 = time.perf_counter()

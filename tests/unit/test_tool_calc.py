@@ -112,6 +112,9 @@ def test_calc_answer_grades_the_last_turn_against_the_question() -> None:
     credit = [{"calc_answer": {"weight": 1.0, "format_credit": 0.1}}]
     assert _score(_traj(task.id, code, f"ANSWER: {truth + 1}"), env, credit) == pytest.approx(0.1)
     assert final_answer(_traj(task.id, "ANSWER: -12")) == -12
+    # a number past int()'s digit limit is a wrong answer, scored 0 (it raised, and left the episode unscored)
+    assert _score(_traj(task.id, code, "ANSWER: " + "9" * 5000), env, reward) == 0.0
+    assert _score(_traj(task.id, code, "ANSWER: " + "9," * 3000 + "9"), env, reward) == 0.0
 
 
 def test_calc_answer_refuses_other_envs_and_a_missing_prompt() -> None:

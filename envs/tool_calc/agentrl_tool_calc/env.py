@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from agentrl.envs import Env, Task, register_env
-from agentrl.types import Message, TestReport, ToolCall, ToolResult
+from agentrl.types import Message, TestOutcome, TestReport, ToolCall, ToolResult
 from agentrl_tool_calc.config import EXAMPLE, RUN_PYTHON, SYSTEM_PROMPT, parse_options
 from agentrl_tool_calc.tasks import make_tasks
 
@@ -59,7 +59,7 @@ class ToolCalcEnv(Env):
         if call.name != RUN_PYTHON.name or not isinstance(code, str):
             return ToolResult(call_id=call.id, name=call.name, output="only ```python blocks can be run",
                               error="unknown_tool" if call.name != RUN_PYTHON.name else "bad_arguments")
-        await sandbox.write_file(MAIN_FILE, code)
+        await sandbox.write_file(MAIN_FILE, self.program(code, task))
         res = await sandbox.exec(["python3", MAIN_FILE], timeout=self.config.run_timeout_s,
                                  env={"PYTHONHASHSEED": "0"})
         limit = self.config.output_chars
@@ -74,8 +74,23 @@ class ToolCalcEnv(Env):
                           duration_s=res.duration_s, timed_out=res.timed_out,
                           truncated=res.truncated or max(len(res.stdout), len(res.stderr)) > limit)
 
+    def program(self, code: str, task: Task) -> str:
+        """What main.py holds for the model's block (tool_chain puts its hidden function before it)."""
+        return code
+
     async def finalize(self, sandbox: Sandbox, task: Task) -> TestReport:
         return TestReport(passed=0, total=0)  # graded from the transcript by `calc_answer` (module docstring)
+
+    async def score_solution(self, sandbox: Sandbox, task: Task, solution: str) -> TestReport:
+        """`agentrl envs check --solutions`: a solution is a program that prints the task's answer."""
+        await sandbox.write_file(MAIN_FILE, self.program(solution, task))
+        res = await sandbox.exec(["python3", MAIN_FILE], timeout=self.config.run_timeout_s)
+        printed = res.stdout.strip()
+        ok = res.exit_code == 0 and printed == str(task.data["answer"])
+        why = "" if ok else (f"printed {_tail(printed, 80)!r}" if res.exit_code == 0 else
+                             f"exit code {res.exit_code}: {_tail(res.stderr.strip(), 200)}")
+        return TestReport(passed=int(ok), total=1,
+                          outcomes=[TestOutcome(name="prints_the_answer", passed=ok, message=why)])
 
     def reference_solution(self, task: Task) -> str | None:
         return f"print({task.data['a']} {task.data['op']} {task.data['b']})"

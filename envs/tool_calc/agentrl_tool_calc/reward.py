@@ -9,6 +9,7 @@ wrong number. Read from the stored turns only, so `agentrl rescore` reproduces i
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from pydantic import Field
 
@@ -24,12 +25,19 @@ class CalcAnswerOptions(SourceOptions):
     format_credit: float = Field(default=0.0, ge=0.0, le=1.0)
 
 
+MAX_ANSWER_DIGITS = 100  # no question's answer is longer; a longer number is wrong, never parsed
+
+
 def final_answer(traj: Trajectory) -> int | None:
-    """The integer the last model turn gives as `ANSWER:`, or None."""
+    """The integer the last model turn gives as `ANSWER:`, or None (none, or one over MAX_ANSWER_DIGITS digits:
+    int() of a 5,000-digit string raises, and a grader that raises on the policy's text would leave it unscored)."""
     if not traj.turns:
         return None
     m = ANSWER.search(traj.turns[-1].text or "")
-    return int(m.group(1).replace(",", "")) if m else None
+    if m is None:
+        return None
+    digits = m.group(1).replace(",", "")
+    return int(digits) if len(digits.lstrip("-")) <= MAX_ANSWER_DIGITS else None
 
 
 @register_reward("calc_answer")
@@ -38,16 +46,29 @@ class CalcAnswer(RewardSource):
 
     Options = CalcAnswerOptions
 
-    async def value(self, traj: Trajectory) -> float | None:
+    def question(self, traj: Trajectory) -> str:
+        """The env's question of `traj`'s task: the last user message of its opening chat (from the scorer)."""
         if self.prompt_messages is None:
-            raise ConfigError("reward calc_answer needs the task's prompt (run it through agentrl's scorer)")
+            raise ConfigError(f"reward {self.name} needs the task's prompt (run it through agentrl's scorer)")
         prompt = [m for m in self.prompt_messages(traj) if m.role == "user"]
-        truth = expected_answer(prompt[-1].content) if prompt else None
+        return prompt[-1].content if prompt else ""
+
+    def foreign(self, traj: Trajectory, kind: str, env: str) -> ConfigError:
+        return ConfigError(f"reward {self.name}: trajectory {traj.id} (task {traj.task_id}) is not a {kind}; use it "
+                           f"with env {env}")
+
+    def truth(self, traj: Trajectory) -> Any:
+        """What grading compares the answer with, from the env's own question (never from the policy)."""
+        truth = expected_answer(self.question(traj))
         if truth is None:
-            raise ConfigError(f"reward calc_answer: trajectory {traj.id} (task {traj.task_id}) is not a tool_calc "
-                              "question; use it with env tool_calc")
-        given = final_answer(traj)
-        if given is None:
-            return 0.0
+            raise self.foreign(traj, "tool_calc question", "tool_calc")
+        return truth
+
+    def grade(self, given: int, truth: Any) -> float:
         opts: CalcAnswerOptions = self.options  # type: ignore[assignment]  # built from cls.Options
         return 1.0 if given == truth else opts.format_credit
+
+    async def value(self, traj: Trajectory) -> float | None:
+        truth = self.truth(traj)  # first: a foreign trajectory is a config error even without an answer
+        given = final_answer(traj)
+        return 0.0 if given is None else self.grade(given, truth)
