@@ -244,8 +244,8 @@ def pct(xs: list[float], q: float) -> float:
 
 async def pods_left(b: KubernetesBackend, selector: str) -> int:
     assert b.api is not None
-    got = await b.api.request("GET", f"/api/v1/namespaces/{NS}/pods", query={"labelSelector": selector})
-    return len(got.get("items") or [])
+    got = await b.api.list(f"/api/v1/namespaces/{NS}/pods", selector)
+    return len(got["items"])
 
 
 async def until_gone(b: KubernetesBackend, selector: str, limit_s: float = 600) -> tuple[float, int]:

@@ -2,8 +2,9 @@
 
 An aiohttp server on 127.0.0.1 that the real `kubernetes` client talks to. It keeps namespaced objects of any
 resource (pods, secrets, configmaps, custom resources) and implements what the backend relies on, with the real
-server's semantics: create (409 AlreadyExists, generateName), get, list and watch with label and field selectors
-(watch from a resourceVersion, 410 Expired when it is too old, selector transitions reported as ADDED/DELETED),
+server's semantics: create (409 AlreadyExists, generateName), get, list (paged with limit + continue; a continue token from before a compaction is 410 Expired; pages
+are read from the current state, where the real server reads them from the first page's snapshot) and watch with
+label and field selectors (watch from a resourceVersion, 410 Expired when it is too old, selector transitions reported as ADDED/DELETED),
 JSON merge / strategic merge (as merge) / JSON patches and PUT with optimistic concurrency (a stale
 `metadata.resourceVersion` is a 409 Conflict), delete with preconditions (uid, resourceVersion) and graceful pod
 deletion, pod update validation (only `activeDeadlineSeconds`, decreasing, and images may change), immutable
@@ -21,6 +22,7 @@ controllers (`fake_kubelet.py`). Not faked: authentication, admission, quota, se
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 import math
@@ -410,11 +412,17 @@ class FakeKubernetes:
             return self._create(route.resource, route.namespace, body)
         if verb == "list":
             reqs = parse_selector(request.query.get("labelSelector"))
-            items = [o for (r, ns, _), o in sorted(self._store.items()) if r == route.resource
-                     and ns == route.namespace and labels_match(reqs, _labels(o))
+            rv, after = self._continue_from(request.query.get("continue"))
+            items = [o for (r, ns, name), o in sorted(self._store.items()) if r == route.resource
+                     and ns == route.namespace and name > after and labels_match(reqs, _labels(o))
                      and field_match(request.query.get("fieldSelector"), o)]
-            return {"kind": "List", "apiVersion": route.api_version, "items": items,
-                    "metadata": {"resourceVersion": str(self._rv)}}
+            meta: Obj = {"resourceVersion": str(rv)}
+            limit = int(request.query.get("limit") or 0)
+            if 0 < limit < len(items):
+                items = items[:limit]
+                last = items[-1]["metadata"]["name"]
+                meta["continue"] = base64.urlsafe_b64encode(json.dumps([rv, last]).encode()).decode()
+            return {"kind": "List", "apiVersion": route.api_version, "items": items, "metadata": meta}
         current = self._store.get(key)
         if current is None:
             raise Reject(404, "NotFound", f'{route.resource} "{route.name}" not found')
@@ -424,6 +432,19 @@ class FakeKubernetes:
             return self._delete(route, current, body or {})
         new = self._patched(current, body, request.content_type) if verb == "patch" else body
         return self._update(route, current, new)
+
+    def _continue_from(self, token: str | None) -> tuple[int, str]:
+        """(resourceVersion of the list's first page, last name served) of a continue token; ("", now) for none."""
+        if not token:
+            return self._rv, ""
+        try:
+            rv, after = json.loads(base64.urlsafe_b64decode(token.encode()))
+        except ValueError as e:
+            raise Reject(400, "BadRequest", f"invalid continue token: {e}") from e
+        if int(rv) < self._oldest():
+            raise Reject(410, "Expired", "The provided continue parameter is too old to display a consistent list "
+                                         "result. You can start a new list without the continue parameter.")
+        return int(rv), str(after)
 
     def _patched(self, current: Obj, body: Any, content_type: str) -> Obj:
         if content_type == "application/json-patch+json":

@@ -97,9 +97,10 @@ class SlowDeleteApi:
         self.pods = pods
         self.in_flight = self.most = self.deleted = 0
 
+    async def list(self, path: str, selector: str) -> Any:
+        return {"items": self.pods, "metadata": {"resourceVersion": "1"}}
+
     async def request(self, method: str, path: str, **kw: Any) -> Any:
-        if method == "GET":
-            return {"items": self.pods}
         assert method == "DELETE", (method, path)
         self.in_flight += 1
         self.most = max(self.most, self.in_flight)

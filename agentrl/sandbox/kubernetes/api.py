@@ -34,6 +34,8 @@ T = TypeVar("T")
 RETRYABLE = frozenset({0, 429, 500, 502, 503, 504})
 MERGE_PATCH = "application/merge-patch+json"
 WATCH_TIMEOUT_S = 240  # server-side end of one watch request; the informer reconnects from its resourceVersion
+LIST_PAGE = 500  # objects per page of a list (limit + continue), as kubectl and client-go's pager ask for
+LIST_RESTARTS = 3  # a list whose continue token expired (410) starts again from its first page, at most this often
 
 
 class ApiError(Exception):
@@ -120,7 +122,7 @@ class KubeApi:
     `request_sync()` are blocking and only used from the informer's own thread."""
 
     def __init__(self, configuration: Any, *, threads: int = 16, qps: float = 50.0, burst: int = 100,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, page: int = LIST_PAGE) -> None:
         from kubernetes import client
 
         configuration.connection_pool_maxsize = threads + 4  # + watches
@@ -128,6 +130,7 @@ class KubeApi:
         self._threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="agentrl-k8s")
         self._bucket = TokenBucket(qps, burst)
         self.timeout_s = timeout_s
+        self.page = page
         self.calls: Counter[str] = Counter()  # "VERB resource" -> count, for stats and benchmarks
         self.statuses: Counter[str] = Counter()  # non-2xx answers by HTTP status ("0": no answer): 429s, conflicts
 
@@ -181,6 +184,29 @@ class KubeApi:
                 fut.exception()
             raise
 
+    async def list(self, path: str, selector: str) -> dict[str, Any]:
+        """Every object of `path` matching `selector`, read in pages of `self.page` (each page passes the rate limit).
+        Unpaged, a list of 2,000 pods is one answer holding every full object, which the server builds in memory at
+        once, and a list that times out is lost whole; paged, it is bounded pieces of one snapshot (the
+        resourceVersion of the first page)."""
+        pages = _Pages(selector, self.page)
+        while (query := pages.next_query()) is not None:
+            try:
+                pages.add(await self.request("GET", path, query=query))
+            except ApiError as e:
+                pages.failed(e)
+        return pages.listing()
+
+    def list_sync(self, path: str, selector: str) -> dict[str, Any]:
+        """`list` from the informer's own thread (blocking, no rate limit, as the watch)."""
+        pages = _Pages(selector, self.page)
+        while (query := pages.next_query()) is not None:
+            try:
+                pages.add(self.request_sync("GET", path, query=query))
+            except ApiError as e:
+                pages.failed(e)
+        return pages.listing()
+
     def open_watch(self, path: str, query: dict[str, Any]) -> Any:
         """A watch request (blocking); iterate it with `watch_events`."""
         q = {**query, "watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_TIMEOUT_S)}
@@ -189,6 +215,44 @@ class KubeApi:
     async def close(self) -> None:
         await asyncio.to_thread(self._threads.shutdown, wait=True)
         await asyncio.to_thread(self._client.close)
+
+
+class _Pages:
+    """One paged list in progress: the next page's query, the items so far, and a restart from the first page when
+    the continue token expired (410 Gone: the server compacted the snapshot the pages were read from)."""
+
+    def __init__(self, selector: str, page: int) -> None:
+        self.selector, self.page = selector, max(1, int(page))
+        self.items: list[dict[str, Any]] = []
+        self.token: str | None = None
+        self.rv = ""
+        self.restarts = 0
+        self.done = False
+
+    def next_query(self) -> dict[str, Any] | None:
+        if self.done:
+            return None
+        query = {"labelSelector": self.selector, "limit": str(self.page)}
+        if self.token:
+            query["continue"] = self.token
+        return query
+
+    def add(self, got: dict[str, Any]) -> None:
+        meta = got.get("metadata") or {}
+        if self.token is None:
+            self.rv = meta.get("resourceVersion", "")
+        self.items += got.get("items") or []
+        self.token = meta.get("continue") or None
+        self.done = self.token is None
+
+    def failed(self, e: ApiError) -> None:
+        if e.status != 410 or self.token is None or self.restarts >= LIST_RESTARTS:
+            raise e
+        self.restarts += 1
+        self.items, self.token = [], None
+
+    def listing(self) -> dict[str, Any]:
+        return {"items": self.items, "metadata": {"resourceVersion": self.rv}}
 
 
 def watch_events(resp: Any) -> Iterator[dict[str, Any]]:
@@ -272,8 +336,7 @@ class Informer:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        listing = await self.api.request("GET", self.path, query={"labelSelector": self.selector})
-        self._replace(listing)
+        self._replace(await self.api.list(self.path, self.selector))
         self._thread = threading.Thread(target=self._run, name=f"agentrl-k8s-watch{self.path}", daemon=True)
         self._thread.start()
 
@@ -375,7 +438,7 @@ class Informer:
             resp.release_conn()
 
     def _relist(self) -> None:
-        listing = self.api.request_sync("GET", self.path, query={"labelSelector": self.selector})
+        listing = self.api.list_sync(self.path, self.selector)
         self._rv = listing.get("metadata", {}).get("resourceVersion", "")
         self._post(self._replace, listing)
 

@@ -22,6 +22,7 @@ import logging
 import secrets
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -83,9 +84,12 @@ class ClaimPlane:
         await self.informer.start()
 
     async def _call(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
+        return await self._retried(lambda: self.api.request(method, path, **kwargs), what)
+
+    async def _retried(self, call: Callable[[], Awaitable[Any]], what: str) -> Any:
         c = self.cfg
-        return await retrying(lambda: self.api.request(method, path, **kwargs), attempts=c.api_attempts,
-                              base_s=c.backoff_base_s, cap_s=c.backoff_max_s, what=what)
+        return await retrying(call, attempts=c.api_attempts, base_s=c.backoff_base_s, cap_s=c.backoff_max_s,
+                              what=what)
 
     # ------------------------------------------------------------------ template and warm pool
 
@@ -199,8 +203,9 @@ class ClaimPlane:
         return name in self.informer.objects
 
     async def sweep(self, *, run_id: str | None, all_runs: bool) -> int:
-        listing = await self._call("GET", f"{self.ext}/sandboxclaims", "list sandboxclaims",
-                                   query={"labelSelector": f"{MANAGED_BY}={MANAGED},{L_ROLE}={ROLE}"})
+        selector = f"{MANAGED_BY}={MANAGED},{L_ROLE}={ROLE}"
+        listing = await self._retried(lambda: self.api.list(f"{self.ext}/sandboxclaims", selector),
+                                      "list sandboxclaims")
         claims = listing.get("items") or []
         live = await live_owner_uids(self._call, claims)
         now = time.time()

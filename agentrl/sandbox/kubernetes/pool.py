@@ -36,6 +36,7 @@ import random
 import secrets
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,13 +150,21 @@ class PodPool:
             self.facts[name] = PodFacts.of(pod)
 
     async def _call(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
+        return await self._retried(lambda: self.api.request(method, path, **kwargs), what)
+
+    async def _list(self, selector: str, what: str) -> list[Obj]:
+        """Every pod of this namespace matching `selector`, in pages (KubeApi.list), the whole list retried."""
+        listing = await self._retried(lambda: self.api.list(self.path, selector), what)
+        return list(listing.get("items") or [])
+
+    async def _retried(self, call: Callable[[], Awaitable[Any]], what: str) -> Any:
         c = self.cfg
 
         def retried(e: ApiError) -> None:
             self.counters["api_retries"] += 1
 
-        return await retrying(lambda: self.api.request(method, path, **kwargs), attempts=c.api_attempts,
-                              base_s=c.backoff_base_s, cap_s=c.backoff_max_s, what=what, on_retry=retried)
+        return await retrying(call, attempts=c.api_attempts, base_s=c.backoff_base_s, cap_s=c.backoff_max_s,
+                              what=what, on_retry=retried)
 
     # ------------------------------------------------------------------ acquire
 
@@ -409,9 +418,7 @@ class PodPool:
         return name in self.informer.objects
 
     async def sweep(self, *, run_id: str | None, all_runs: bool) -> int:
-        listing = await self._call("GET", self.path, "list sandbox pods",
-                                   query={"labelSelector": f"{MANAGED_BY}={MANAGED},{L_ROLE}={ROLE}"})
-        pods = listing.get("items") or []
+        pods = await self._list(f"{MANAGED_BY}={MANAGED},{L_ROLE}={ROLE}", "list sandbox pods")
         live = await live_owner_uids(self._call, pods)
         now = time.time()
         doomed = [pod for pod in pods if should_remove(pod, now=now, host=self.owner.host, live_owner_uids=live,
@@ -438,9 +445,8 @@ class PodPool:
         await asyncio.gather(*([self._refill] if self._refill else []), *self._tasks, return_exceptions=True)
         doomed = [(name, None) for name in self._live]
         if not self.cfg.keep_warm_on_close:
-            mine = await self._call("GET", self.path, "list own warm pods", query={
-                "labelSelector": f"{L_CREATOR}={self.owner.session},{L_STATE}={WARM}"})
-            doomed += [(p["metadata"]["name"], p["metadata"]["resourceVersion"]) for p in mine.get("items") or []]
+            mine = await self._list(f"{L_CREATOR}={self.owner.session},{L_STATE}={WARM}", "list own warm pods")
+            doomed += [(p["metadata"]["name"], p["metadata"]["resourceVersion"]) for p in mine]
         results = await asyncio.gather(*(self._delete_while_warm(n, rv) for n, rv in doomed), return_exceptions=True)
         for (name, _), result in zip(doomed, results, strict=True):
             if isinstance(result, BaseException):
