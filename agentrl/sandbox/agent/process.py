@@ -134,10 +134,14 @@ class ExecRun:
             sel.register(pidfd, selectors.EVENT_READ)
         exited_at = None
         try:
-            while bufs or exited_at is None:
+            while True:
                 now = time.monotonic()
                 if exited_at is None and pidfd is None and proc.exited():
                     exited_at = now
+                # done, checked after the exit poll: else, when the pipes closed before the exit was seen, a select
+                # with nothing left to read would wait out the whole grace
+                if exited_at is not None and not bufs:
+                    return True
                 if now >= deadline:
                     self.timed_out = exited_at is None
                     return False
@@ -147,7 +151,7 @@ class ExecRun:
                     if wait <= 0:
                         return False  # background processes hold the pipes: the caller kills the group
                 elif pidfd is None:
-                    wait = min(wait, 0.01)  # no pidfd (old kernel): poll for the exit
+                    wait = min(wait, 0.01)  # no pidfd (old kernel, or reaped already): poll for the exit
                 for key, _ in sel.select(wait):
                     if key.fd == pidfd:
                         sel.unregister(pidfd)
@@ -156,7 +160,6 @@ class ExecRun:
                         pending = self._feed(sel, stdin, pending)
                     else:
                         self._read(sel, key.fd, bufs)
-            return True
         finally:
             sel.close()
             if pidfd is not None:
