@@ -4,8 +4,8 @@ optionally the same run with dynamic sampling for a side-by-side at equal wall t
 
 `--env tool_calc` (default): 3-digit arithmetic through a ```python block; greedy decoding solves it before training,
 so this measures learning the tool-then-answer format under sampling. `--env tool_chain`: a hidden function applied
-k times that only the sandbox can evaluate; the base model applies it once and answers (greedy 0/64 held-out), so
-this measures a new capability at greedy.
+k times that only the sandbox can evaluate; the base model chains f but never stops to answer (greedy 0/32
+held-out), so this measures a new capability at greedy.
 
 Per seed: `agentrl train --config docs/configs/<env>-train.yaml --seed S` (the train split), then
 `agentrl eval --checkpoint RUN --baseline smollm2 --config docs/configs/<env>-eval.yaml --seed S` (the eval split:
