@@ -46,7 +46,7 @@ def add_train_commands(sub: Any) -> None:
                         "is set), trackio, mlflow; repeat or comma-separate; 'none' for none (overrides `report_to`)")
     p.set_defaults(func=_cmd_train)
     e = sub.add_parser("eval", help="score a checkpoint on a fixed task set (sampled + greedy), diff vs a baseline",
-                       description="Means come with 95%% bootstrap intervals over tasks; the candidate-vs-baseline "
+                       description="Means come with 95% bootstrap intervals over tasks; the candidate-vs-baseline "
                                    "difference with a paired sign-flip permutation test over tasks; a task is "
                                    "better/worse only when a permutation test of its samples says so (p < 0.05), "
                                    "else n.s.")

@@ -24,9 +24,25 @@ def test_registered_and_options_validated() -> None:
     env = get_env("tool_chain", split="eval", tasks=8)
     assert isinstance(env, ToolChainEnv) and env.action_format == "codeblock"
     for bad, field in (({"split": "test"}, "split"), ({"hops": [5]}, "hops"), ({"hops": []}, "hops"),
+                       ({"example_hops": [3]}, "example_hops"), ({"example_hops": [2, 2]}, "example_hops"),
                        ({"nonsense": 1}, "nonsense")):
         with pytest.raises(ConfigError, match=field):
             ToolChainEnv(**bad)
+
+
+def test_the_worked_examples_come_before_the_question_in_the_order_asked() -> None:
+    task = ToolChainEnv(tasks=1).tasks()[0]
+
+    def shots(**options: Any) -> list[tuple[str, str]]:
+        msgs = ToolChainEnv(tasks=1, **options).messages(task)
+        assert msgs[0].role == "system" and msgs[-1] == Message(role="user", content=task.prompt)
+        return [(m.role, m.content) for m in msgs[1:-1]]
+
+    default, both, none = shots(), shots(example_hops=[1, 2]), shots(example_hops=[])
+    assert none == [] and default == both[4:]  # the default is the two-hop example alone
+    assert [c for r, c in default if r == "assistant"].count("```python\nprint(f(31))\n```") == 1
+    assert both[0][1].startswith("Start with 24 and apply f once") and both[3] == ("assistant", "ANSWER: 71")
+    assert sum(c.startswith("```python") for r, c in both if r == "assistant") == 3  # one + two applications
 
 
 def test_tasks_are_deterministic_split_apart_and_need_every_hop() -> None:

@@ -23,15 +23,20 @@ SYSTEM_PROMPT = (
     "block that calls f and prints the result, and you will see its output. Then reply with one line: "
     "ANSWER: <number>"
 )
-# the one-shot example: two applications, one per turn (the tasks ask for two or three); not any task's f
-EXAMPLE: list[Message] = [
-    Message(role="user", content=question(31, 2)),
-    Message(role="assistant", content="```python\nprint(f(31))\n```"),
-    Message(role="user", content="58"),
-    Message(role="assistant", content="```python\nprint(f(58))\n```"),
-    Message(role="user", content="17"),
-    Message(role="assistant", content="ANSWER: 17"),
-]
+# the worked examples, by hop count: one application per turn, then the answer. Their f is made up (not any task's).
+EXAMPLES: dict[int, list[Message]] = {
+    1: [Message(role="user", content=question(24, 1)),
+        Message(role="assistant", content="```python\nprint(f(24))\n```"),
+        Message(role="user", content="71"),
+        Message(role="assistant", content="ANSWER: 71")],
+    2: [Message(role="user", content=question(31, 2)),
+        Message(role="assistant", content="```python\nprint(f(31))\n```"),
+        Message(role="user", content="58"),
+        Message(role="assistant", content="```python\nprint(f(58))\n```"),
+        Message(role="user", content="17"),
+        Message(role="assistant", content="ANSWER: 17")],
+}
+EXAMPLE = EXAMPLES[2]  # the default one-shot example
 
 
 class ToolChainOptions(BaseModel):
@@ -42,6 +47,7 @@ class ToolChainOptions(BaseModel):
     split: Literal["train", "eval"] = "train"  # disjoint seeds of the hidden functions
     tasks: int = Field(default=256, ge=1, le=100_000)
     hops: tuple[int, ...] = (2, 3)  # applications of f per question, cycled over the tasks
+    example_hops: tuple[int, ...] = (2,)  # the worked examples before the question, by hop count, in this order
     run_timeout_s: float = Field(default=10.0, gt=0)
     output_chars: int = Field(default=400, ge=64)
 
@@ -50,6 +56,13 @@ class ToolChainOptions(BaseModel):
     def _hops(cls, value: tuple[int, ...]) -> tuple[int, ...]:
         if not value or set(value) - set(TIMES):
             raise ValueError(f"hops={list(value)}: a non-empty list of counts among {sorted(TIMES)}")
+        return value
+
+    @field_validator("example_hops")
+    @classmethod
+    def _example_hops(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if set(value) - set(EXAMPLES) or len(set(value)) != len(value):
+            raise ValueError(f"example_hops={list(value)}: distinct counts among {sorted(EXAMPLES)} (or [] for none)")
         return value
 
 
@@ -76,8 +89,9 @@ class ToolChainEnv(ToolCalcEnv):
         return list(self._tasks)
 
     def messages(self, task: Task) -> list[Message]:
-        return [Message(role="system", content=self.system_prompt), *EXAMPLE,
-                Message(role="user", content=task.prompt)]
+        c: ToolChainOptions = self.config  # type: ignore[assignment]
+        shots = [m for k in c.example_hops for m in EXAMPLES[k]]
+        return [Message(role="system", content=self.system_prompt), *shots, Message(role="user", content=task.prompt)]
 
     def program(self, code: str, task: Task) -> str:
         return prelude(dict(task.data["table"])) + code
