@@ -4,16 +4,16 @@ optionally the same run with dynamic sampling for a side-by-side at equal wall t
 
 `--env tool_calc` (default): 3-digit arithmetic through a ```python block; greedy decoding solves it before training,
 so this measures learning the tool-then-answer format under sampling. `--env tool_chain`: a hidden function applied
-k times that only the sandbox can evaluate; the base model chains f but never stops to answer (greedy 0/32
-held-out), so this measures a new capability at greedy.
+two times that only the sandbox can evaluate; the base model chains f on to max_turns or stops after one call
+(greedy 1/64 held-out), so this measures a new capability at greedy.
 
 Per seed: `agentrl train --config docs/configs/<env>-train.yaml --seed S` (the train split), then
 `agentrl eval --checkpoint RUN --baseline smollm2 --config docs/configs/<env>-eval.yaml --seed S` (the eval split:
 no operand pair / hidden function of a training task). Reported per seed and mode (sampled at the training
 temperature, greedy): mean reward before -> after with 95% bootstrap intervals over tasks, the paired difference
-with its 95% interval and p-value (sign-flip permutation test over tasks), and the behaviour on the held-out runs: tool-call rate
-(trajectories that ran at least one ```python block), mean model turns, format errors (last turn without a
-well-formed `ANSWER: n`, or a block that did not parse), truncation rate (a turn cut at max_new_tokens).
+with its 95% interval and p-value (sign-flip permutation test over tasks), and the behaviour on the held-out runs:
+tool-call rate (trajectories that ran at least one ```python block), mean model turns, format errors (last turn
+without a well-formed `ANSWER: n`, or a block that did not parse), truncation rate (a turn cut at max_new_tokens).
 `--dynamic` adds, for the first seed, the same job with `dynamic_sampling.enabled` and compares both runs' training
 reward against cumulative wall time, and the held-out score of each run's checkpoint (the longer run is also
 evaluated at its checkpoint closest to the shorter run's wall time when `checkpoint_every` allows it).
@@ -32,7 +32,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from statistics import mean
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
