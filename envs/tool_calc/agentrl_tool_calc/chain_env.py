@@ -36,7 +36,6 @@ EXAMPLES: dict[int, list[Message]] = {
         Message(role="user", content="17"),
         Message(role="assistant", content="ANSWER: 17")],
 }
-EXAMPLE = EXAMPLES[2]  # the default one-shot example
 
 
 class ToolChainOptions(BaseModel):
