@@ -119,3 +119,38 @@ async def test_a_sweep_deletes_orphans_concurrently_within_a_bound() -> None:
     pool.api = api  # type: ignore[assignment]
     assert await pool.sweep(run_id=None, all_runs=False) == 64 and api.deleted == 64
     assert 1 < api.most <= SWEEP_CONCURRENCY, f"{api.most} deletes in flight at once"
+
+
+async def test_a_claim_goes_ahead_of_the_refill_creates_queued_in_the_rate_limit() -> None:
+    """At scale the housekeeping alone fills the client's QPS budget (refill creates after a step's burst of
+    claims): a claim a trajectory waits on must not queue behind them. Through the real KubeApi and its limiter;
+    the server side records the order the calls left in."""
+    from kubernetes import client
+
+    from agentrl.sandbox.kubernetes.api import KubeApi
+
+    pool, patching, shash = _pool(4)
+    api = KubeApi(client.Configuration(), threads=1, qps=100.0, burst=1)
+    sent: list[str] = []
+
+    def request_sync(method: str, path: str, **kw: Any) -> Any:
+        sent.append(method)
+        if method == "PATCH":
+            return asyncio.run(patching.request(method, path, **kw))
+        return {"metadata": {"name": "created"}}
+
+    api.request_sync = request_sync  # type: ignore[method-assign]
+    pool.api = api
+    refills = []
+    for _ in range(30):
+        manifest = pool._manifest(SPEC, pod_spec(SPEC, pool.opts, deadline_s=SPEC.ttl_s), shash, {}, claimed=False)
+        refills.append(asyncio.create_task(pool._create(manifest)))
+        await asyncio.sleep(0)
+    try:
+        claimed = await pool._claim(shash, SPEC, {"agentrl/run-id": "r"})
+        assert claimed is not None and claimed["metadata"]["labels"][L_STATE] == "claimed"
+        assert sent.index("PATCH") <= 2, f"the claim left after {sent.index('PATCH')} refill creates: {sent}"
+    finally:
+        await asyncio.gather(*refills)
+        await api.close()
+    assert sent.count("POST") == 30

@@ -3,9 +3,10 @@
 Owns: talking to the API server through the official `kubernetes` client (its kubeconfig / in-cluster loading, auth
 refresh, TLS and connection pool), as plain JSON dicts (no model classes: a pod is the dict the server sent); every
 blocking call on this edge's own thread pool, never on the event loop; a client-side rate limit (QPS + burst, like
-client-go); retries with backoff for throttling and server errors; and `Informer`, one list+watch of a collection
-kept as a local cache that waiters are woken from (readiness is watched, never polled). Does not own what the
-objects mean (`pods.py`) or what to do with them (`pool.py`, `claims.py`).
+client-go; fair, with an urgent lane for the calls a trajectory waits on: `ratelimit.py`); retries with backoff for
+throttling and server errors; and `Informer`, one list+watch of a collection kept as a local cache that waiters are
+woken from (readiness is watched, never polled). Does not own what the objects mean (`pods.py`) or what to do with
+them (`pool.py`, `claims.py`).
 
 Errors:
 
@@ -21,13 +22,13 @@ import json
 import logging
 import random
 import threading
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from agentrl.errors import ConfigError, MissingDependencyError
+from agentrl.sandbox.kubernetes.ratelimit import TokenBucket
 
 log = logging.getLogger("agentrl.sandbox")
 T = TypeVar("T")
@@ -68,28 +69,6 @@ def _error(status: int, data: bytes, headers: Any) -> ApiError:
     except (ValueError, AttributeError):
         reason, message = "", data[:300].decode("utf-8", "replace")
     return ApiError(status, reason, message, _retry_after(headers))
-
-
-class TokenBucket:
-    """Client-side rate limit: `rate` requests per second on average, bursts of up to `burst`."""
-
-    def __init__(self, rate: float, burst: int) -> None:
-        if rate <= 0 or burst < 1:
-            raise ConfigError(f"api qps={rate} / burst={burst}: use qps > 0 and burst >= 1")
-        self.rate = rate
-        self.capacity = float(burst)
-        self._tokens = float(burst)
-        self._stamp = time.monotonic()
-
-    async def take(self) -> None:
-        while True:
-            now = time.monotonic()
-            self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate)
-            self._stamp = now
-            if self._tokens >= 1.0:
-                self._tokens -= 1.0
-                return
-            await asyncio.sleep((1.0 - self._tokens) / self.rate)
 
 
 def load_client_configuration(kubeconfig: str | None, context: str | None, host: str | None = None) -> Any:
@@ -170,10 +149,11 @@ class KubeApi:
         data = resp.read()
         return json.loads(data) if data else {}
 
-    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """`request_sync` on the thread pool, after the rate limit. A cancelled caller still waits for the call
-        to finish (bounded by the request timeout) so a create cannot land after the cleanup that undoes it."""
-        await self._bucket.take()
+    async def request(self, method: str, path: str, *, urgent: bool = False, **kwargs: Any) -> Any:
+        """`request_sync` on the thread pool, after the rate limit (`urgent`: a call a trajectory waits on, which goes
+        ahead of queued housekeeping; see ratelimit.py). A cancelled caller still waits for the call to finish
+        (bounded by the request timeout) so a create cannot land after the cleanup that undoes it."""
+        await self._bucket.take(urgent)
         fut = asyncio.get_running_loop().run_in_executor(
             self._threads, functools.partial(self.request_sync, method, path, **kwargs))
         try:

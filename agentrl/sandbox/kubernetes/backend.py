@@ -307,7 +307,8 @@ class KubernetesBackend:
         end = time.monotonic() + DEATH_SETTLE_S
         while True:
             try:
-                pod = await self.api.request("GET", f"/api/v1/namespaces/{self.config.namespace}/pods/{pod_name}")
+                pod = await self.api.request("GET", f"/api/v1/namespaces/{self.config.namespace}/pods/{pod_name}",
+                                             urgent=True)
             except ApiError as e:
                 if e.status == 404:
                     return "deleted"

@@ -149,12 +149,13 @@ class ClaimPlane:
                  "spec": {"warmPoolRef": {"name": self.cfg.pool},
                           "lifecycle": {"shutdownTime": shutdown, "shutdownPolicy": "Delete"},
                           "additionalPodMetadata": {"labels": {L_RUN: own[L_RUN], **self.owner.labels()}}}}
-        await self._call("POST", f"{self.ext}/sandboxclaims", "create sandboxclaim", body=claim)
+        await self._call("POST", f"{self.ext}/sandboxclaims", "create sandboxclaim", body=claim, urgent=True)
         self._live.add(name)
         self.counters["claims"] += 1
         try:
             bound = await self._wait_bound(name, t0 + self.cfg.start_timeout_s)
-            sandbox = await self._call("GET", f"{self.sandboxes}/{bound['status']['sandbox']['name']}", "get sandbox")
+            sandbox = await self._call("GET", f"{self.sandboxes}/{bound['status']['sandbox']['name']}", "get sandbox",
+                                       urgent=True)
         except BaseException:
             await asyncio.shield(self.release(name))
             raise

@@ -181,7 +181,7 @@ class PodPool:
             manifest = self._manifest(spec, body, shash, labels, claimed=True)
             name = manifest["metadata"]["name"]  # chosen here: a cancel while the POST is in flight still knows it
             try:
-                pod = await self._create(manifest)
+                pod = await self._create(manifest, urgent=True)
                 self._live.add(name)
                 pod = await self._wait_running(name, t0 + self.cfg.start_timeout_s)
             except BaseException:
@@ -227,7 +227,7 @@ class PodPool:
             self._claiming.add(name)
             self.counters["claims"] += 1
             try:
-                claimed = await self._call("PATCH", f"{self.path}/{name}", f"claim pod {name}",
+                claimed = await self._call("PATCH", f"{self.path}/{name}", f"claim pod {name}", urgent=True,
                                            body=self._claim_patch(pod, spec, labels), content_type=MERGE_PATCH)
             except ApiError as e:
                 if e.status not in (404, 409, 422):
@@ -267,17 +267,18 @@ class PodPool:
             patch["spec"] = {"activeDeadlineSeconds": wanted}  # the TTL counts from the claim (may only decrease)
         return patch
 
-    async def _create(self, manifest: Obj) -> Obj:
+    async def _create(self, manifest: Obj, *, urgent: bool = False) -> Obj:
         """POST with retries on 429/5xx. A retry after an answer that got lost finds its own pod (409 with our
-        nonce) instead of creating a second one; a name taken by someone else gets a fresh name."""
+        nonce) instead of creating a second one; a name taken by someone else gets a fresh name. `urgent`: a cold
+        start a trajectory waits on (the rate limit's urgent lane), not a refill."""
         for _ in range(3):
             try:
-                return await self._call("POST", self.path, "create pod", body=manifest)
+                return await self._call("POST", self.path, "create pod", body=manifest, urgent=urgent)
             except ApiError as e:
                 if e.status != 409:
                     raise
             name = manifest["metadata"]["name"]
-            existing = await self._call("GET", f"{self.path}/{name}", f"get pod {name}")
+            existing = await self._call("GET", f"{self.path}/{name}", f"get pod {name}", urgent=urgent)
             if existing["metadata"].get("annotations", {}).get(A_NONCE) == manifest["metadata"]["annotations"][A_NONCE]:
                 return existing
             manifest["metadata"]["name"] = f"{self.cfg.pool}-{secrets.token_hex(5)}"
