@@ -47,13 +47,23 @@ up() {
 }
 
 down() {
-  local f
+  local f pids=() i
   for f in "$R"/hollow-*.pid; do
     [ -f "$f" ] || continue
-    kill "$(cat "$f")" 2>/dev/null || true
+    pids+=("$(cat "$f")")
+    kill "${pids[-1]}" 2>/dev/null || true
     rm -f "$f"
   done
-  kubectl delete nodes -l agentrl.io/hollow=true --wait=false >/dev/null 2>&1 || true
+  for ((i = 0; i < 30; i++)); do  # a hollow kubelet still running re-registers its Node after the delete below
+    local alive=0 p
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ $alive = 0 ] && break
+    sleep 0.5
+  done
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  # wait until the Node objects are gone: a delete still in flight when the next `up` registers the same names removes
+  # the new nodes, and the pod garbage collector then deletes every pod bound to them (pods churn, the fill stalls)
+  kubectl delete nodes -l agentrl.io/hollow=true --timeout=120s >/dev/null 2>&1 || true
   rm -rf "$R"/tmp-*
   say "stopped"
 }

@@ -64,3 +64,52 @@ async def test_grants_never_exceed_the_rate_and_the_burst() -> None:
 def test_a_bad_budget_names_the_fields() -> None:
     with pytest.raises(ConfigError, match="qps=0"):
         TokenBucket(0, 1)
+
+
+async def test_an_urgent_call_takes_the_next_free_slot_ahead_of_queued_calls() -> None:
+    """The rate has tokens to spare; the edge's threads are the limit (a slow API server): 2 slots, both held, 10
+    housekeeping calls queued. The urgent call gets the first slot that frees."""
+    gate = TokenBucket(10_000.0, 1_000, concurrency=2)
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def call(name: str, urgent: bool = False) -> None:
+        async with gate.slot(urgent):
+            order.append(name)
+            await release.wait()
+
+    tasks = []
+    for i in range(12):
+        tasks.append(asyncio.create_task(call(f"h{i}")))
+        await asyncio.sleep(0)
+    tasks.append(asyncio.create_task(call("claim", urgent=True)))
+    await asyncio.sleep(0.01)
+    assert order == ["h0", "h1"] and gate.running == 2 and gate.waiting() == 11
+    release.set()
+    await asyncio.gather(*tasks)
+    assert order[2] == "claim", order
+    assert gate.running == 0 and gate.waiting() == 0
+
+
+async def test_a_slot_is_given_back_when_its_call_fails_or_is_cancelled() -> None:
+    gate = TokenBucket(10_000.0, 1_000, concurrency=1)
+    with pytest.raises(RuntimeError):
+        async with gate.slot():
+            raise RuntimeError("the API call failed")
+    assert gate.running == 0
+    hold = asyncio.Event()
+
+    async def holder() -> None:
+        async with gate.slot():
+            await hold.wait()
+
+    first = asyncio.create_task(holder())
+    await asyncio.sleep(0)
+    second = asyncio.create_task(holder())
+    await asyncio.sleep(0)
+    second.cancel()  # cancelled while it waits for the slot
+    first.cancel()  # cancelled while it holds it
+    await asyncio.gather(first, second, return_exceptions=True)
+    assert gate.running == 0 and gate.waiting() == 0
+    async with gate.slot():
+        assert gate.running == 1

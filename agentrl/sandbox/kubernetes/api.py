@@ -2,11 +2,11 @@
 
 Owns: talking to the API server through the official `kubernetes` client (its kubeconfig / in-cluster loading, auth
 refresh, TLS and connection pool), as plain JSON dicts (no model classes: a pod is the dict the server sent); every
-blocking call on this edge's own thread pool, never on the event loop; a client-side rate limit (QPS + burst, like
-client-go; fair, with an urgent lane for the calls a trajectory waits on: `ratelimit.py`); retries with backoff for
-throttling and server errors; and `Informer`, one list+watch of a collection kept as a local cache that waiters are
-woken from (readiness is watched, never polled). Does not own what the objects mean (`pods.py`) or what to do with
-them (`pool.py`, `claims.py`).
+blocking call on this edge's own thread pool, never on the event loop; a client-side gate (QPS + burst, like
+client-go, and the threads as its concurrency; fair, with an urgent lane for the calls a trajectory waits on:
+`ratelimit.py`); retries with backoff for throttling and server errors; and `Informer`, one list+watch of a
+collection kept as a local cache that waiters are woken from (readiness is watched, never polled). Does not own what
+the objects mean (`pods.py`) or what to do with them (`pool.py`, `claims.py`).
 
 Errors:
 
@@ -107,7 +107,7 @@ class KubeApi:
         configuration.connection_pool_maxsize = threads + 4  # + watches
         self._client = client.ApiClient(configuration)
         self._threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="agentrl-k8s")
-        self._bucket = TokenBucket(qps, burst)
+        self._gate = TokenBucket(qps, burst, concurrency=threads)
         self.timeout_s = timeout_s
         self.page = page
         self.calls: Counter[str] = Counter()  # "VERB resource" -> count, for stats and benchmarks
@@ -153,16 +153,16 @@ class KubeApi:
         """`request_sync` on the thread pool, after the rate limit (`urgent`: a call a trajectory waits on, which goes
         ahead of queued housekeeping; see ratelimit.py). A cancelled caller still waits for the call to finish
         (bounded by the request timeout) so a create cannot land after the cleanup that undoes it."""
-        await self._bucket.take(urgent)
-        fut = asyncio.get_running_loop().run_in_executor(
-            self._threads, functools.partial(self.request_sync, method, path, **kwargs))
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            await asyncio.wait([fut])
-            if not fut.cancelled():
-                fut.exception()
-            raise
+        async with self._gate.slot(urgent):  # a token and a free thread: no call waits in the pool's own queue
+            fut = asyncio.get_running_loop().run_in_executor(
+                self._threads, functools.partial(self.request_sync, method, path, **kwargs))
+            try:
+                return await asyncio.shield(fut)
+            except asyncio.CancelledError:
+                await asyncio.wait([fut])
+                if not fut.cancelled():
+                    fut.exception()
+                raise
 
     async def list(self, path: str, selector: str) -> dict[str, Any]:
         """Every object of `path` matching `selector`, read in pages of `self.page` (each page passes the rate limit).

@@ -1,84 +1,117 @@
-"""The client-side rate limit of the Kubernetes API edge: QPS + burst (like client-go), fair, with an urgent lane.
+"""The client-side gate of the Kubernetes API edge: a rate limit (QPS + burst, like client-go) and the client's
+concurrent requests, both served fairly, with an urgent lane.
 
-Owns: who may send the next API request. Tokens accrue at `rate` per second up to `burst`. Waiters are served in
-arrival order, urgent ones first: a call a trajectory is waiting on (claiming a warm pod, creating the pod it will
-run in, reading why its pod died) goes ahead of the pool's own housekeeping (refill creates, deletes, sweeps, lists).
+Owns: who may send the next API request, and when. Tokens accrue at `rate` per second up to `burst`; a request also
+holds one of `concurrency` slots (the edge's I/O threads) until its answer is in. Waiters are served in arrival
+order, urgent ones first: a call a trajectory is waiting on (claiming a warm pod, creating the pod it will run in,
+reading why its pod died) goes ahead of the pool's own housekeeping (refill creates, deletes, sweeps, lists).
 
-Why the lane: at the seeds' scale the housekeeping alone fills the budget. After a step's first burst of 2,000
-claims the refill posts 2,000 pods and the finished trajectories delete theirs, so the queue holds hundreds of calls
-at qps 50; a claim that queued behind them waited seconds (the steady claim p99 of the scale benchmark). Fair order
-matters too: a limiter whose waiters all sleep and race for the next token serves them in no particular order, so one
-unlucky caller can wait for much longer than the queue it joined.
+Why, measured with benchmarks/bench_k8s_scale.py: at 500 pods the steady claim p99 was 3.5 s while its own PATCH took
+~0.1 s. After a step's burst of claims the refill posts hundreds of pods and the finished trajectories delete theirs;
+with the API server answering in 0.2-8 s under that load, those calls held all of the edge's threads and a claim
+queued behind them, first in the rate limit and then in the thread pool's queue. Here it waits for neither: it takes
+the next token and the next free thread. Fair order matters too: a limiter whose waiters all sleep and race for the
+next token serves them in no particular order, so one unlucky caller waits much longer than the queue it joined.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 
 from agentrl.errors import ConfigError
 
 
 class TokenBucket:
-    """`rate` requests per second on average, bursts of up to `burst`; `take(urgent=True)` jumps the queue of
-    non-urgent waiters (never another urgent one)."""
+    """`rate` requests per second on average, bursts of up to `burst`, at most `concurrency` in flight (through
+    `slot()`). `urgent=True` goes ahead of waiting non-urgent callers, never of another urgent one."""
 
-    def __init__(self, rate: float, burst: int) -> None:
+    def __init__(self, rate: float, burst: int, concurrency: int | None = None) -> None:
         if rate <= 0 or burst < 1:
             raise ConfigError(f"api qps={rate} / burst={burst}: use qps > 0 and burst >= 1")
         self.rate = rate
         self.capacity = float(burst)
+        self.concurrency = math.inf if concurrency is None else concurrency
+        self.running = 0  # slots held
         self._tokens = float(burst)
         self._stamp = time.monotonic()
-        self._urgent: deque[asyncio.Future[None]] = deque()
-        self._later: deque[asyncio.Future[None]] = deque()
+        self._urgent: deque[tuple[asyncio.Future[None], bool]] = deque()
+        self._later: deque[tuple[asyncio.Future[None], bool]] = deque()
         self._timer: asyncio.TimerHandle | None = None
 
     def waiting(self) -> int:
-        """Callers queued for a token now."""
-        return sum(not f.done() for f in self._urgent) + sum(not f.done() for f in self._later)
+        """Callers queued now."""
+        return sum(not f.done() for f, _ in self._urgent) + sum(not f.done() for f, _ in self._later)
+
+    async def take(self, urgent: bool = False) -> None:
+        """A token (rate and burst only)."""
+        await self._enter(urgent, slot=False)
+
+    @contextlib.asynccontextmanager
+    async def slot(self, urgent: bool = False) -> AsyncIterator[None]:
+        """A token and one of the `concurrency` slots, held for the block (the request and its answer)."""
+        await self._enter(urgent, slot=True)
+        try:
+            yield
+        finally:
+            self.running -= 1
+            self._serve()
 
     def _accrue(self) -> None:
         now = time.monotonic()
         self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate)
         self._stamp = now
 
-    async def take(self, urgent: bool = False) -> None:
+    def _can_go(self, slot: bool) -> bool:
+        return self._tokens >= 1.0 and (not slot or self.running < self.concurrency)
+
+    def _grant(self, slot: bool) -> None:
+        self._tokens -= 1.0
+        if slot:
+            self.running += 1
+
+    async def _enter(self, urgent: bool, slot: bool) -> None:
         self._accrue()
-        if self._tokens >= 1.0 and not self.waiting():
-            self._tokens -= 1.0
+        if not self.waiting() and self._can_go(slot):
+            self._grant(slot)
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        (self._urgent if urgent else self._later).append(fut)
-        self._arm()
+        (self._urgent if urgent else self._later).append((fut, slot))
+        self._serve()
         try:
             await fut
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self._tokens += 1.0  # granted, then cancelled before it was used: give it back
-                self._serve()
+            if fut.done() and not fut.cancelled():  # granted, then cancelled before it was used: give it back
+                self._tokens += 1.0
+                if slot:
+                    self.running -= 1
+            self._serve()
             raise
 
-    def _arm(self) -> None:
-        if self._timer is None and self.waiting():
-            delay = max(0.0, (1.0 - self._tokens) / self.rate)
-            self._timer = asyncio.get_running_loop().call_later(delay, self._wake)
+    def _serve(self) -> None:
+        """Grant waiters in order (urgent first) while the head of the line can go; then wait for a token (timer)
+        or a slot (the next release)."""
+        self._accrue()
+        for queue in (self._urgent, self._later):
+            while queue:
+                fut, slot = queue[0]
+                if fut.done():  # its caller was cancelled while it waited
+                    queue.popleft()
+                    continue
+                if not self._can_go(slot):
+                    break
+                queue.popleft()
+                self._grant(slot)
+                fut.set_result(None)
+            if queue:  # the urgent line is blocked: nobody behind it goes first
+                break
+        if self._timer is None and self.waiting() and self._tokens < 1.0:
+            self._timer = asyncio.get_running_loop().call_later((1.0 - self._tokens) / self.rate, self._wake)
 
     def _wake(self) -> None:
         self._timer = None
         self._serve()
-
-    def _serve(self) -> None:
-        self._accrue()
-        for queue in (self._urgent, self._later):
-            while queue and self._tokens >= 1.0:
-                fut = queue.popleft()
-                if fut.done():  # its caller was cancelled while it waited
-                    continue
-                self._tokens -= 1.0
-                fut.set_result(None)
-        for queue in (self._urgent, self._later):
-            while queue and queue[0].done():
-                queue.popleft()
-        self._arm()
