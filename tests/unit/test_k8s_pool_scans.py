@@ -161,3 +161,27 @@ async def test_a_claim_goes_ahead_of_the_refill_creates_queued_in_the_client(lim
         await asyncio.gather(*refills)
         await api.close()
     assert sent.count("POST") == 30
+
+
+async def test_agent_health_probes_of_a_burst_of_claims_are_bounded(monkeypatch: Any) -> None:
+    """A step's start claims thousands of warm pods at once; each then probes its agent on a fresh connection. Opened
+    all at once they starved the event loop past their own connect timeout, and every retry opened another (2,000
+    pods: no sandbox ever became ready). At most AGENT_PROBES are in flight."""
+    from agentrl.sandbox.base import AgentEndpoint
+    from agentrl.sandbox.kubernetes import backend as backend_mod
+
+    state = {"now": 0, "most": 0}
+
+    async def probe(endpoint: Any, **kw: Any) -> bool:
+        state["now"] += 1
+        state["most"] = max(state["most"], state["now"])
+        await asyncio.sleep(0.001)
+        state["now"] -= 1
+        return True
+
+    monkeypatch.setattr(backend_mod, "probe_health", probe)
+    b = backend_mod.KubernetesBackend()
+    endpoint = AgentEndpoint(kind="tcp", address="127.0.0.1:1", token="t")
+    n = backend_mod.AGENT_PROBES * 4
+    await asyncio.gather(*(b._wait_agent(None, f"p{i}", endpoint, time.monotonic() + 30) for i in range(n)))
+    assert 1 < state["most"] <= backend_mod.AGENT_PROBES, f"{state['most']} probes in flight at once"

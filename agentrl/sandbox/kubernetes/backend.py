@@ -62,6 +62,10 @@ from agentrl.sandbox.kubernetes.template import check_template
 
 log = logging.getLogger("agentrl.sandbox")
 DEATH_SETTLE_S = 6.0  # how long death_cause() waits for the kubelet to report a container the agent died in
+# Agent health probes of starting sandboxes in flight at once, per backend. Each is a fresh connection with a 2 s
+# connect timeout; 2,000 claims at once (a step's start) opened 2,000 of them, the event loop could not complete any
+# within its timeout, and every retry opened another: no sandbox became ready (bench_k8s_scale.py, 2,000 pods).
+AGENT_PROBES = 64
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
@@ -148,6 +152,7 @@ class KubernetesBackend:
         self._start_lock = asyncio.Lock()
         self._closed = False
         self._pod_names: dict[str, str] = {}  # handle id (pod or claim name) -> pod name, for death_cause()
+        self._probes = asyncio.Semaphore(AGENT_PROBES)
 
     def __repr__(self) -> str:
         c = self.config
@@ -263,8 +268,9 @@ class KubernetesBackend:
         failing fast when the pod dies meanwhile."""
         delay = 0.005
         while True:
-            if await probe_health(endpoint):
-                return
+            async with self._probes:  # a bounded number at once: see AGENT_PROBES
+                if await probe_health(endpoint):
+                    return
             dead = plane.death(name)
             if dead is not None:
                 raise SandboxStartError(f"sandbox pod {name} died before its agent answered: {dead}")
