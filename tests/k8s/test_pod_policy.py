@@ -5,9 +5,11 @@ container writes is the one the backend derives."""
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from agentrl.sandbox.kubernetes.pods import (INIT_SCRIPT, L_EGRESS, L_ROLE, Owne
                                              label_value, pod_spec, spec_hash)
 from agentrl.sandbox.kubernetes.pool import PodPool
 from agentrl.sandbox.kubernetes import KubernetesSandboxConfig
-from fake_k8s import merge_patch
+from fake_k8s import json_patch, merge_patch
 
 SUPPORTED = ["1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0", "1.36.0", "1.37.0"]
 
@@ -54,7 +56,7 @@ def _pool(template: Any, runtime_class: str | None, pull: str | None, owner: Own
 
 
 def emitted_pods(spec: SandboxSpec, template: Any, runtime_class: str | None, pull: str | None) -> list[dict]:
-    """Cold pod, warm pod, and the warm pod after the claim patch (as the API server would merge it)."""
+    """Cold pod, warm pod, and the warm pod after the claim patch (as the API server would apply it)."""
     owner = Owner(session="s1", host="h", pid=1, pid_start="1", pod_name="rollout-0", pod_namespace="agentrl",
                   pod_uid="0f3c2a9e-2f5d-4d43-9e4c-0a1b2c3d4e5f")
     pool = _pool(template, runtime_class, pull, owner)
@@ -64,7 +66,7 @@ def emitted_pods(spec: SandboxSpec, template: Any, runtime_class: str | None, pu
     warm = pool._manifest(spec, warm_body, spec_hash(warm_body), {}, claimed=False)
     warm_live = {**warm, "metadata": {**warm["metadata"], "resourceVersion": "7"},
                  "status": {"startTime": "2026-01-01T00:00:00Z"}}
-    claimed = merge_patch(warm_live, pool._claim_patch(warm_live, spec, {"agentrl/run-id": "r-2"}))
+    claimed = json_patch(warm_live, pool._claim_patch(warm_live, spec, {"agentrl/run-id": "r-2"}))
     claimed["metadata"].pop("resourceVersion")
     claimed.pop("status")
     return [cold, warm, claimed]
@@ -147,10 +149,59 @@ def test_claim_patch_only_lowers_the_deadline_and_is_conditional() -> None:
     warm = pool._manifest(spec, body, spec_hash(body), {}, claimed=False)
     warm["metadata"]["resourceVersion"] = "42"
     warm["status"] = {"startTime": "2000-01-01T00:00:00Z"}  # very old: the wanted deadline would be larger
-    patch = pool._claim_patch(warm, spec, {})
-    assert patch["metadata"]["resourceVersion"] == "42"
-    assert "spec" not in patch, "activeDeadlineSeconds may only decrease"
-    assert "ownerReferences" not in patch["metadata"], "no owner pod out of the cluster"
+    ops = pool._claim_patch(warm, spec, {})
+    assert ops[0] == {"op": "test", "path": "/metadata/labels/agentrl.io~1state", "value": "warm"}
+    assert not any(op["path"] == "/spec/activeDeadlineSeconds" for op in ops), "activeDeadlineSeconds may only decrease"
+    assert not any(op["path"] == "/metadata/ownerReferences" for op in ops), "no owner pod out of the cluster"
+    claimed = json_patch(warm, ops)
+    assert claimed["metadata"]["labels"]["agentrl.io/state"] == "claimed"
+    assert claimed["metadata"]["annotations"].keys() > warm["metadata"]["annotations"].keys()
+
+
+async def test_a_claim_survives_the_kubelets_status_writes_but_loses_to_another_claim() -> None:
+    """The informer saw the warm pod at resourceVersion 7; the kubelet has since written its status (8). The claim
+    still wins: it is conditional on the pod being warm, not on its resourceVersion (at 2,000 pods, claims that
+    queued for seconds lost 397 of 2,000 such races and became cold starts). A second claim of the same pod, by a
+    runner whose informer has not seen the first, loses with 422 and takes none."""
+    from agentrl.sandbox.kubernetes.api import JSON_PATCH, ApiError
+    from agentrl.sandbox.kubernetes.pods import L_RUN, pod_spec, spec_hash
+
+    spec = SandboxSpec(ttl_s=600)
+    pool = _pool(None, None, None, Owner(session="s", host="h", pid=1, pid_start="1"))
+    body = pod_spec(spec, pool.opts, deadline_s=600 + 900)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    seen = pool._manifest(spec, body, spec_hash(body), {}, claimed=False)
+    seen["metadata"].update(resourceVersion="7", creationTimestamp=now)
+    seen["status"] = {"phase": "Running", "podIP": "10.0.0.1", "startTime": now,
+                      "conditions": [{"type": "Ready", "status": "True"}],
+                      "containerStatuses": [{"name": c["name"], "state": {"running": {}}} for c in body["containers"]]}
+    stored = {"pod": copy.deepcopy(seen)}
+    stored["pod"]["metadata"]["resourceVersion"] = "8"
+    stored["pod"]["status"]["conditions"].append({"type": "ContainersReady", "status": "True"})
+
+    class Server:
+        async def request(self, method: str, path: str, *, body: Any, content_type: str, **kw: Any) -> Any:
+            assert method == "PATCH" and content_type == JSON_PATCH, (method, content_type)
+            try:
+                new = json_patch(stored["pod"], body)
+            except Exception as e:  # the fake's Reject: the test op failed
+                raise ApiError(422, "Invalid", str(e)) from e
+            new["metadata"]["resourceVersion"] = str(int(stored["pod"]["metadata"]["resourceVersion"]) + 1)
+            stored["pod"] = new
+            return copy.deepcopy(new)
+
+    pool.api = Server()  # type: ignore[assignment]
+    pool.informer._replace({"items": [copy.deepcopy(seen)], "metadata": {"resourceVersion": "7"}})
+    shash = spec_hash(pod_spec(spec, pool.opts, deadline_s=spec.ttl_s))
+    first = await pool._claim(shash, spec, {"agentrl/run-id": "r-1"})
+    assert first is not None and first["metadata"]["labels"]["agentrl.io/state"] == "claimed"
+    assert pool.counters["claim_conflicts"] == 0
+    other = _pool(None, None, None, Owner(session="t", host="h", pid=2, pid_start="2"))
+    other.api = Server()  # type: ignore[assignment]
+    other.informer._replace({"items": [copy.deepcopy(seen)], "metadata": {"resourceVersion": "7"}})
+    assert await other._claim(shash, spec, {"agentrl/run-id": "r-2"}) is None
+    assert other.counters["claim_conflicts"] == 1
+    assert stored["pod"]["metadata"]["labels"][L_RUN] == first["metadata"]["labels"][L_RUN] == "r-1"
 
 
 @pytest.mark.parametrize("template, field", [

@@ -31,7 +31,10 @@ class PatchingApi:
         assert method == "PATCH", (method, path)
         self.patches += 1
         pod = copy.deepcopy(self.pods[path.rsplit("/", 1)[1]])
-        pod["metadata"]["labels"].update(kw["body"]["metadata"]["labels"])
+        for op in kw["body"]:  # the claim's JSON patch: a test of the state label, then adds
+            key = op["path"].rsplit("/", 1)[1].replace("~1", "/")
+            if op["path"].startswith("/metadata/labels/") and op["op"] == "add":
+                pod["metadata"]["labels"][key] = op["value"]
         return pod
 
 
@@ -154,9 +157,11 @@ async def test_a_claim_goes_ahead_of_the_refill_creates_queued_in_the_client(lim
         refills.append(asyncio.create_task(pool._create(manifest)))
         await asyncio.sleep(0)
     try:
+        before = len(sent)  # creates already sent when the claim is issued (more on a loaded machine)
         claimed = await pool._claim(shash, SPEC, {"agentrl/run-id": "r"})
         assert claimed is not None and claimed["metadata"]["labels"][L_STATE] == "claimed"
-        assert sent.index("PATCH") <= 2, f"the claim left after {sent.index('PATCH')} refill creates: {sent}"
+        behind = sent.index("PATCH") - before
+        assert before < 28 and behind <= 2, f"the claim left after {behind} refill creates queued after it: {sent}"
     finally:
         await asyncio.gather(*refills)
         await api.close()

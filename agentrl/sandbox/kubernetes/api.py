@@ -34,6 +34,7 @@ log = logging.getLogger("agentrl.sandbox")
 T = TypeVar("T")
 RETRYABLE = frozenset({0, 429, 500, 502, 503, 504})
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 WATCH_TIMEOUT_S = 240  # server-side end of one watch request; the informer reconnects from its resourceVersion
 LIST_PAGE = 500  # objects per page of a list (limit + continue), as kubectl and client-go's pager ask for
 LIST_RESTARTS = 3  # a list whose continue token expired (410) starts again from its first page, at most this often

@@ -42,7 +42,7 @@ from typing import Any
 
 from agentrl.errors import SandboxStartError
 from agentrl.sandbox.base import SandboxSpec
-from agentrl.sandbox.kubernetes.api import MERGE_PATCH, ApiError, Informer, KubeApi, gather_bounded, retrying
+from agentrl.sandbox.kubernetes.api import JSON_PATCH, ApiError, Informer, KubeApi, gather_bounded, retrying
 from agentrl.sandbox.kubernetes.pods import (
     A_LABELS,
     A_NONCE,
@@ -228,15 +228,18 @@ class PodPool:
             self.counters["claims"] += 1
             try:
                 claimed = await self._call("PATCH", f"{self.path}/{name}", f"claim pod {name}", urgent=True,
-                                           body=self._claim_patch(pod, spec, labels), content_type=MERGE_PATCH)
+                                           body=self._claim_patch(pod, spec, labels), content_type=JSON_PATCH)
             except ApiError as e:
-                if e.status not in (404, 409, 422):
+                if e.status not in (404, 409, 422):  # 422: the test op failed, someone else claimed it first
                     raise
                 self.counters["claim_conflicts"] += 1
                 self._lost[name] = pod["metadata"]["resourceVersion"]
                 continue
             finally:
                 self._claiming.discard(name)
+            if claimed["metadata"].get("deletionTimestamp"):  # ours now, but already being deleted: take another
+                self.counters["claim_conflicts"] += 1
+                continue
             self._live.add(name)
             return claimed
         return None
@@ -253,19 +256,28 @@ class PodPool:
             return False
         return True
 
-    def _claim_patch(self, pod: Obj, spec: SandboxSpec, labels: dict[str, str]) -> Obj:
-        meta: Obj = {"resourceVersion": pod["metadata"]["resourceVersion"],
-                     "labels": {L_STATE: CLAIMED, L_RUN: run_id_of(labels), **self.owner.labels()},
-                     "annotations": {**self.owner.annotations(), A_LABELS: json.dumps(labels, sort_keys=True)}}
+    def _claim_patch(self, pod: Obj, spec: SandboxSpec, labels: dict[str, str]) -> list[Obj]:
+        """The claim as a JSON patch (RFC 6902) whose first op tests that the pod is still warm: the API server
+        applies it to the pod as stored, so of two claims racing for one pod exactly one passes the test (the other
+        gets 422). It is conditional on the state label only, not on the whole resourceVersion as a merge patch
+        would be: the kubelet's status writes bump that, and at 2,000 pods claims that queued for seconds lost 397
+        of 2,000 races to them, each then a cold start (bench_k8s_scale.py)."""
+        ops: list[Obj] = [{"op": "test", "path": f"/metadata/labels/{_pointer(L_STATE)}", "value": WARM}]
+        for key, value in {L_STATE: CLAIMED, L_RUN: run_id_of(labels), **self.owner.labels()}.items():
+            ops.append({"op": "add", "path": f"/metadata/labels/{_pointer(key)}", "value": value})
+        notes = {**self.owner.annotations(), A_LABELS: json.dumps(labels, sort_keys=True)}
+        if pod["metadata"].get("annotations"):
+            ops += [{"op": "add", "path": f"/metadata/annotations/{_pointer(k)}", "value": v} for k, v in notes.items()]
+        else:
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": notes})
         refs = self.owner.owner_references(self.cfg.namespace)
         if refs:
-            meta["ownerReferences"] = refs
-        patch: Obj = {"metadata": meta}
+            ops.append({"op": "add", "path": "/metadata/ownerReferences", "value": refs})
         current = pod["spec"].get("activeDeadlineSeconds")
         wanted = math.ceil(age_s(pod, time.time()) + spec.ttl_s + 5)
-        if current is None or wanted < current:
-            patch["spec"] = {"activeDeadlineSeconds": wanted}  # the TTL counts from the claim (may only decrease)
-        return patch
+        if current is None or wanted < current:  # the TTL counts from the claim (may only decrease)
+            ops.append({"op": "add", "path": "/spec/activeDeadlineSeconds", "value": wanted})
+        return ops
 
     async def _create(self, manifest: Obj, *, urgent: bool = False) -> Obj:
         """POST with retries on 429/5xx. A retry after an answer that got lost finds its own pod (409 with our
@@ -478,3 +490,8 @@ async def live_owner_uids(call: Any, objs: list[Obj]) -> set[str]:
         if owner["metadata"].get("uid") == uid:
             live.add(uid)
     return live
+
+
+def _pointer(key: str) -> str:
+    """A map key as one JSON pointer token (RFC 6901): "agentrl.io/state" -> "agentrl.io~1state"."""
+    return key.replace("~", "~0").replace("/", "~1")
