@@ -24,7 +24,7 @@ from agentrl.sandbox.kubernetes.pods import (INIT_SCRIPT, L_EGRESS, L_ROLE, Owne
                                              label_value, pod_spec, spec_hash)
 from agentrl.sandbox.kubernetes.pool import PodPool
 from agentrl.sandbox.kubernetes import KubernetesSandboxConfig
-from fake_k8s import json_patch, merge_patch
+from fake_k8s import json_patch
 
 SUPPORTED = ["1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0", "1.36.0", "1.37.0"]
 
@@ -292,6 +292,8 @@ def test_pod_death_cause(pod: dict | None, cause: str | None) -> None:
     from agentrl.sandbox.kubernetes.pods import death_cause
 
     assert death_cause(pod) == cause
+
+
 @pytest.mark.parametrize("cpus, pod_request", [(0.05, "50m"), (0.1, "100m"), (2.0, "2000m")])
 def test_the_pod_cpu_request_is_the_sandbox_cpus(cpus: float, pod_request: str) -> None:
     # the scheduler reserves max(init container, containers): a small init container must not raise tiny sandboxes
