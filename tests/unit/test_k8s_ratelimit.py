@@ -10,10 +10,10 @@ import time
 import pytest
 
 from agentrl.errors import ConfigError
-from agentrl.sandbox.kubernetes.ratelimit import TokenBucket
+from agentrl.sandbox.kubernetes.ratelimit import RequestGate
 
 
-async def _queue(bucket: TokenBucket, names: list[str], order: list[str], urgent: bool = False) -> list[asyncio.Task]:
+async def _queue(bucket: RequestGate, names: list[str], order: list[str], urgent: bool = False) -> list[asyncio.Task]:
     async def one(name: str) -> None:
         await bucket.take(urgent)
         order.append(name)
@@ -26,7 +26,7 @@ async def _queue(bucket: TokenBucket, names: list[str], order: list[str], urgent
 
 
 async def test_waiters_are_served_in_the_order_they_came() -> None:
-    bucket = TokenBucket(200.0, 1)
+    bucket = RequestGate(200.0, 1)
     order: list[str] = []
     names = [f"w{i}" for i in range(12)]
     await asyncio.gather(*await _queue(bucket, names, order))
@@ -34,7 +34,7 @@ async def test_waiters_are_served_in_the_order_they_came() -> None:
 
 
 async def test_an_urgent_call_goes_ahead_of_queued_housekeeping() -> None:
-    bucket = TokenBucket(100.0, 1)
+    bucket = RequestGate(100.0, 1)
     order: list[str] = []
     later = await _queue(bucket, [f"refill{i}" for i in range(20)], order)
     assert bucket.waiting() >= 19
@@ -45,7 +45,7 @@ async def test_an_urgent_call_goes_ahead_of_queued_housekeeping() -> None:
 
 
 async def test_a_cancelled_waiter_takes_no_token_and_blocks_no_one() -> None:
-    bucket = TokenBucket(100.0, 1)
+    bucket = RequestGate(100.0, 1)
     order: list[str] = []
     tasks = await _queue(bucket, ["a", "b", "c", "d"], order)
     tasks[1].cancel()
@@ -54,7 +54,7 @@ async def test_a_cancelled_waiter_takes_no_token_and_blocks_no_one() -> None:
 
 
 async def test_grants_never_exceed_the_rate_and_the_burst() -> None:
-    bucket = TokenBucket(100.0, 3)
+    bucket = RequestGate(100.0, 3)
     t = time.monotonic()
     await asyncio.gather(*(bucket.take(i % 3 == 0) for i in range(13)))
     # 3 from the burst, then 10 at 100/s: no sooner than 0.1 s
@@ -63,13 +63,13 @@ async def test_grants_never_exceed_the_rate_and_the_burst() -> None:
 
 def test_a_bad_budget_names_the_fields() -> None:
     with pytest.raises(ConfigError, match="qps=0"):
-        TokenBucket(0, 1)
+        RequestGate(0, 1)
 
 
 async def test_an_urgent_call_takes_the_next_free_slot_ahead_of_queued_calls() -> None:
     """The rate has tokens to spare; the edge's threads are the limit (a slow API server): 2 slots, both held, 10
     housekeeping calls queued. The urgent call gets the first slot that frees."""
-    gate = TokenBucket(10_000.0, 1_000, concurrency=2)
+    gate = RequestGate(10_000.0, 1_000, concurrency=2)
     order: list[str] = []
     release = asyncio.Event()
 
@@ -92,7 +92,7 @@ async def test_an_urgent_call_takes_the_next_free_slot_ahead_of_queued_calls() -
 
 
 async def test_a_slot_is_given_back_when_its_call_fails_or_is_cancelled() -> None:
-    gate = TokenBucket(10_000.0, 1_000, concurrency=1)
+    gate = RequestGate(10_000.0, 1_000, concurrency=1)
     with pytest.raises(RuntimeError):
         async with gate.slot():
             raise RuntimeError("the API call failed")

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from agentrl.errors import ConfigError, MissingDependencyError
-from agentrl.sandbox.kubernetes.ratelimit import TokenBucket
+from agentrl.sandbox.kubernetes.ratelimit import RequestGate
 
 log = logging.getLogger("agentrl.sandbox")
 T = TypeVar("T")
@@ -108,7 +108,7 @@ class KubeApi:
         configuration.connection_pool_maxsize = threads + 4  # + watches
         self._client = client.ApiClient(configuration)
         self._threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="agentrl-k8s")
-        self._gate = TokenBucket(qps, burst, concurrency=threads)
+        self._gate = RequestGate(qps, burst, concurrency=threads)
         self.timeout_s = timeout_s
         self.page = page
         self.calls: Counter[str] = Counter()  # "VERB resource" -> count, for stats and benchmarks

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from agentrl.errors import ConfigError
 
 
-class TokenBucket:
+class RequestGate:
     """`rate` requests per second on average, bursts of up to `burst`, at most `concurrency` in flight (through
     `slot()`). `urgent=True` goes ahead of waiting non-urgent callers, never of another urgent one."""
 
@@ -44,8 +44,13 @@ class TokenBucket:
         self._timer: asyncio.TimerHandle | None = None
 
     def waiting(self) -> int:
-        """Callers queued now."""
+        """Callers queued now (a count for stats: it walks the queues)."""
         return sum(not f.done() for f, _ in self._urgent) + sum(not f.done() for f, _ in self._later)
+
+    def _queued(self) -> bool:
+        """Anyone in line (cancelled entries included until served: they only make a caller queue and be served at
+        once). O(1): this runs on every request."""
+        return bool(self._urgent or self._later)
 
     async def take(self, urgent: bool = False) -> None:
         """A token (rate and burst only)."""
@@ -76,7 +81,7 @@ class TokenBucket:
 
     async def _enter(self, urgent: bool, slot: bool) -> None:
         self._accrue()
-        if not self.waiting() and self._can_go(slot):
+        if not self._queued() and self._can_go(slot):
             self._grant(slot)
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -109,7 +114,7 @@ class TokenBucket:
                 fut.set_result(None)
             if queue:  # the urgent line is blocked: nobody behind it goes first
                 break
-        if self._timer is None and self.waiting() and self._tokens < 1.0:
+        if self._timer is None and self._queued() and self._tokens < 1.0:
             self._timer = asyncio.get_running_loop().call_later((1.0 - self._tokens) / self.rate, self._wake)
 
     def _wake(self) -> None:
