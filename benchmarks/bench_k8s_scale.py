@@ -440,10 +440,11 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     nodes = -(-int(max(args.sizes) * 1.1) // PODS_PER_NODE) + 1  # the dead runner's pods come after the run's
     fleet = Fleet(args.nodes or nodes, args)
     results = []
-    fleet.up()
-    assert fleet.agent is not None
-    fds = asyncio.create_task(watch_fds(fleet.agent.pid))
-    try:
+    fds = None
+    try:  # a failed start still stops what it started (the simulated agent, hollow nodes)
+        fleet.up()
+        assert fleet.agent is not None
+        fds = asyncio.create_task(watch_fds(fleet.agent.pid))
         for n in args.sizes:
             FDS.update(runner=0, agent=0)
             results.append(await one_size(n, args, tok))
@@ -452,7 +453,8 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
             if args.json:
                 args.json.write_text(json.dumps(results, indent=1))
     finally:
-        fds.cancel()
+        if fds is not None:
+            fds.cancel()
         fleet.down()
     return results
 

@@ -19,10 +19,8 @@ R=$P/run/hollow
 export KUBECONFIG=$P/pki/admin.kubeconfig PATH=$PATH:$P/bin
 say() { echo "hollow-nodes: $*" >&2; }
 
-up() {
+start_missing() {  # N: start every hollow node of 0..N-1 whose process is not running (again, if it died)
   local n=$1 i
-  [ -x "$P/bin/kubemark" ] || { say "building kubemark (once per machine, ~3 min)"; bash "$HERE/build.sh" kubemark; }
-  mkdir -p "$R" "$P/logs"
   for ((i = 0; i < n; i++)); do
     [ -f "$R/hollow-$i.pid" ] && kill -0 "$(cat "$R/hollow-$i.pid")" 2>/dev/null && continue
     mkdir -p "$R/tmp-$i"
@@ -36,8 +34,18 @@ up() {
       > "$P/logs/hollow-$i.log" 2>&1 < /dev/null &
     echo $! > "$R/hollow-$i.pid"
   done
+}
+
+up() {
+  local n=$1
+  [ -x "$P/bin/kubemark" ] || { say "building kubemark (once per machine, ~3 min)"; bash "$HERE/build.sh" kubemark; }
+  mkdir -p "$R" "$P/logs"
+  start_missing "$n"
   local t0; t0=$(date +%s)
   while :; do
+    # kubemark can exit at start when its kubelet dials the fake runtime's socket before it listens ("get remote
+    # runtime typed version failed"): start any that died again
+    start_missing "$n"
     local ready
     ready=$(kubectl get nodes -l agentrl.io/hollow=true --no-headers 2>/dev/null | awk '$2 == "Ready"' | wc -l)
     [ "$ready" -ge "$n" ] && { say "$ready hollow nodes Ready in $(( $(date +%s) - t0 ))s"; return 0; }
