@@ -151,6 +151,7 @@ async def test_two_containers_keep_the_agents_resources_and_uid(two_containers: 
     sb = await _two(two_containers, memory="256m", pids=128, cpus=cpus)
     try:
         assert await sb.health() and sb.resources_separated and sb.uid_separated, sb.agent_info
+        assert await sandbox_attacks.shm_rmid_forced(sb), "the pod's IPC namespace keeps detached SysV segments"
         await attack(sb)
     finally:
         await sb.close()

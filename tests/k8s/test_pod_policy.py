@@ -79,6 +79,7 @@ def assert_policy(pod: dict, spec: SandboxSpec) -> None:
     assert s["restartPolicy"] == "Never" and 0 < s["activeDeadlineSeconds"]
     psc = s["securityContext"]
     assert psc["runAsNonRoot"] is True and psc["runAsUser"] != 0 and psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert psc["sysctls"] == [{"name": "kernel.shm_rmid_forced", "value": "1"}], "no SysV memory without a process"
     assert "fsGroup" not in psc, "fsGroup would put the agent in the command group and make the token group-readable"
     containers = s["initContainers"] + s["containers"]
     assert [c["name"] for c in s["containers"]] == ["agentrl-agent", "sandbox"]

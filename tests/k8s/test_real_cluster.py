@@ -280,6 +280,7 @@ async def test_commands_cannot_exhaust_the_agents_resources(real_cluster: Any, a
     sb = Sandbox(handle, spec)
     try:
         assert await sb.health() and sb.resources_separated and sb.uid_separated, sb.agent_info
+        assert await sandbox_attacks.shm_rmid_forced(sb), "the pod's IPC namespace keeps detached SysV segments"
         await attack(sb)
         assert await backend.alive(handle) and await backend.death_cause(handle) is None
     finally:

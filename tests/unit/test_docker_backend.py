@@ -134,6 +134,12 @@ def test_the_backend_sends_the_pure_config(tmp_path: Path) -> None:
     assert got["host_config"]["NetworkMode"] == "mynet"
 
 
+def test_the_ipc_namespace_removes_detached_segments(tmp_path: Path) -> None:
+    """The agent's container owns the IPC namespace (the commands' container joins it): a SysV segment goes with its
+    last process, so no memory outlives every command to make the OOM killer take the relay."""
+    assert _config(SandboxSpec(), tmp_path)["host_config"]["Sysctls"] == {"kernel.shm_rmid_forced": "1"}
+
+
 def test_network_is_an_explicit_opt_in(tmp_path: Path) -> None:
     assert _config(SandboxSpec(network=True), tmp_path)["host_config"]["NetworkMode"] == "bridge"
 

@@ -262,6 +262,9 @@ def container_config(api: Any, handle: SandboxHandle, spec: SandboxSpec, sock_di
         tmpfs=tmpfs,
         **resources, network_mode=host.network if spec.network else "none",
         read_only=True, cap_drop=["ALL"], cap_add=AGENT_CAPS if host.root else None,
+        # this container's IPC namespace (the commands' container joins it) removes a SysV segment when its last
+        # process detaches: memory no process holds would make the OOM killer kill on to the relay (kubernetes/pods.py)
+        sysctls={"kernel.shm_rmid_forced": "1"},
         # uid-separated, every command runs under agentrl's own syscall policy (the spawner's): Docker's default
         # profile would refuse some of its probes first, uncounted; without a spawner it stays the only one
         security_opt=["no-new-privileges", *(["seccomp=unconfined"] if host.root else [])], init=True,

@@ -22,8 +22,9 @@ One sandbox pod:
         emptyDirs, /agentrl
         read-only (the judge's execute-only python3; the token there is root's, 0400)
     pod: shareProcessNamespace (the agent sees, kills and gets the pids of the commands), no service-account token,
-        no service links, restartPolicy Never, activeDeadlineSeconds as TTL, runAsNonRoot with uid/gid 65534 by
-        default (also the pause container's: the pod's pid 1 is no process of the command user), seccomp
+        no service links, restartPolicy Never, activeDeadlineSeconds as TTL, kernel.shm_rmid_forced=1 (below),
+        runAsNonRoot with uid/gid 65534 by default (also the pause container's: the pod's pid 1 is no process of the
+        command user), seccomp
         RuntimeDefault but for the sandbox container (Unconfined: agentrl's own syscall policy, installed by the
         spawner on every command, is the only one there, so each refused probe is counted), no fsGroup; every
         container: no privilege escalation, read-only root filesystem, all
@@ -35,7 +36,10 @@ take the agent's: the OOM killer picks inside the container whose limit was hit,
 its own quota. Pids are the pod's (the kubelet's podPidsLimit covers every container): the agent keeps its worker
 threads from start-up and kills without forking (the agent's kill.py), so a full pids budget cannot stop it
 either. The agent reports `resources_separated` in /health; the relay (the sandbox container's main process) is in
-the commands' budget, and if the commands make it die, their later commands fail as the policy's doing.
+the commands' budget, and if the commands make it die, their later commands fail as the policy's doing. Memory that no
+process holds is what can make them do so by accident of timing: the OOM killer, finding nothing to free among the
+commands, kills on until the relay is the last process left. kernel.shm_rmid_forced=1 (a namespaced "safe" sysctl)
+closes the SysV way to it: a segment goes when its last process detaches, so killing the filler frees its memory.
 
 Why the agent (and the relay) are NOT runAsNonRoot: uid separation. The agent runs as uid 0 with only CHOWN, KILL,
 SETGID and SETUID added back (no_new_privs via allowPrivilegeEscalation: false) and starts every command as
@@ -230,6 +234,10 @@ class PodOptions:
     agent_memory_bytes: int = 256 << 20
 
 
+# The pod's IPC namespace removes a SysV segment when its last process detaches (a "safe" sysctl: allowed by default
+# and by Pod Security "baseline"). Memory no process holds cannot be freed by the OOM killer: a command that filled the
+# commands' limit with unattached segments made it kill every process of that container, the relay last.
+SHM_RMID_FORCED = {"name": "kernel.shm_rmid_forced", "value": "1"}
 AGENT_CAPS = ["CHOWN", "KILL", "SETGID", "SETUID"]  # see "Why the agent (and the relay) are NOT runAsNonRoot" above
 RELAY_CAPS = ["SETGID", "SETUID"]  # the spawner it starts becomes the command user
 
@@ -302,7 +310,7 @@ def pod_spec(spec: SandboxSpec, opts: PodOptions, *, deadline_s: int) -> Obj:
         "shareProcessNamespace": True,
         "terminationGracePeriodSeconds": 2, "activeDeadlineSeconds": int(deadline_s),
         "securityContext": {"runAsNonRoot": True, "runAsUser": POD_UID, "runAsGroup": POD_UID,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+                            "seccompProfile": {"type": "RuntimeDefault"}, "sysctls": [dict(SHM_RMID_FORCED)]},
         "initContainers": [init], "containers": [agent, main],
         "volumes": [{"name": "agentrl", "emptyDir": {"sizeLimit": "16Mi"}},
                     {"name": "workspace", "emptyDir": {"sizeLimit": disk}},
