@@ -15,8 +15,8 @@ from agentrl.sandbox.kubernetes.ratelimit import RequestGate
 
 async def _queue(bucket: RequestGate, names: list[str], order: list[str], urgent: bool = False) -> list[asyncio.Task]:
     async def one(name: str) -> None:
-        await bucket.take(urgent)
-        order.append(name)
+        async with bucket.slot(urgent):
+            order.append(name)
 
     tasks = []
     for name in names:
@@ -56,7 +56,11 @@ async def test_a_cancelled_waiter_takes_no_token_and_blocks_no_one() -> None:
 async def test_grants_never_exceed_the_rate_and_the_burst() -> None:
     bucket = RequestGate(100.0, 3)
     t = time.monotonic()
-    await asyncio.gather(*(bucket.take(i % 3 == 0) for i in range(13)))
+    async def one(urgent: bool) -> None:
+        async with bucket.slot(urgent):
+            pass
+
+    await asyncio.gather(*(one(i % 3 == 0) for i in range(13)))
     # 3 from the burst, then 10 at 100/s: no sooner than 0.1 s
     assert time.monotonic() - t >= 0.1 * 0.95
 

@@ -39,27 +39,23 @@ class RequestGate:
         self.running = 0  # slots held
         self._tokens = float(burst)
         self._stamp = time.monotonic()
-        self._urgent: deque[tuple[asyncio.Future[None], bool]] = deque()
-        self._later: deque[tuple[asyncio.Future[None], bool]] = deque()
+        self._urgent: deque[asyncio.Future[None]] = deque()
+        self._later: deque[asyncio.Future[None]] = deque()
         self._timer: asyncio.TimerHandle | None = None
 
     def waiting(self) -> int:
         """Callers queued now (a count for stats: it walks the queues)."""
-        return sum(not f.done() for f, _ in self._urgent) + sum(not f.done() for f, _ in self._later)
+        return sum(not f.done() for f in self._urgent) + sum(not f.done() for f in self._later)
 
     def _queued(self) -> bool:
         """Anyone in line (cancelled entries included until served: they only make a caller queue and be served at
         once). O(1): this runs on every request."""
         return bool(self._urgent or self._later)
 
-    async def take(self, urgent: bool = False) -> None:
-        """A token (rate and burst only)."""
-        await self._enter(urgent, slot=False)
-
     @contextlib.asynccontextmanager
     async def slot(self, urgent: bool = False) -> AsyncIterator[None]:
         """A token and one of the `concurrency` slots, held for the block (the request and its answer)."""
-        await self._enter(urgent, slot=True)
+        await self._enter(urgent)
         try:
             yield
         finally:
@@ -71,29 +67,27 @@ class RequestGate:
         self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate)
         self._stamp = now
 
-    def _can_go(self, slot: bool) -> bool:
-        return self._tokens >= 1.0 and (not slot or self.running < self.concurrency)
+    def _can_go(self) -> bool:
+        return self._tokens >= 1.0 and self.running < self.concurrency
 
-    def _grant(self, slot: bool) -> None:
+    def _grant(self) -> None:
         self._tokens -= 1.0
-        if slot:
-            self.running += 1
+        self.running += 1
 
-    async def _enter(self, urgent: bool, slot: bool) -> None:
+    async def _enter(self, urgent: bool) -> None:
         self._accrue()
-        if not self._queued() and self._can_go(slot):
-            self._grant(slot)
+        if not self._queued() and self._can_go():
+            self._grant()
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        (self._urgent if urgent else self._later).append((fut, slot))
+        (self._urgent if urgent else self._later).append(fut)
         self._serve()
         try:
             await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():  # granted, then cancelled before it was used: give it back
                 self._tokens += 1.0
-                if slot:
-                    self.running -= 1
+                self.running -= 1
             self._serve()
             raise
 
@@ -103,14 +97,14 @@ class RequestGate:
         self._accrue()
         for queue in (self._urgent, self._later):
             while queue:
-                fut, slot = queue[0]
+                fut = queue[0]
                 if fut.done():  # its caller was cancelled while it waited
                     queue.popleft()
                     continue
-                if not self._can_go(slot):
+                if not self._can_go():
                     break
                 queue.popleft()
-                self._grant(slot)
+                self._grant()
                 fut.set_result(None)
             if queue:  # the urgent line is blocked: nobody behind it goes first
                 break
