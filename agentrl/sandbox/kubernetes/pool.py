@@ -43,6 +43,7 @@ from typing import Any
 from agentrl.errors import SandboxStartError
 from agentrl.sandbox.base import SandboxSpec
 from agentrl.sandbox.kubernetes.api import JSON_PATCH, ApiError, Informer, KubeApi, gather_bounded, retrying
+from agentrl.sandbox.kubernetes.nodes import NodeStrikes, avoid_nodes
 from agentrl.sandbox.kubernetes.pods import (
     A_LABELS,
     A_NONCE,
@@ -93,6 +94,7 @@ class PodFacts:
     start: float  # started_at, or +inf when unknown (age -inf: never too old, as age_s's 0)
     rv: str
     deleting: bool
+    node: str | None  # spec.nodeName (None until scheduled)
 
     @classmethod
     def of(cls, pod: Obj) -> PodFacts:
@@ -102,7 +104,7 @@ class PodFacts:
         return cls(state=labels.get(L_STATE), spec=labels.get(L_SPEC), creator=labels.get(L_CREATOR),
                    ready=is_ready(pod), dead=death_reason(pod, False) is not None,
                    start=math.inf if start is None else start, rv=meta.get("resourceVersion", ""),
-                   deleting=bool(meta.get("deletionTimestamp")))
+                   deleting=bool(meta.get("deletionTimestamp")), node=pod.get("spec", {}).get("nodeName"))
 
 
 @dataclass
@@ -138,6 +140,8 @@ class PodPool:
         self._creating = 0
         self._failed_in_row = 0
         self._refill: asyncio.Task[None] | None = None
+        self._ever_ready: set[str] = set()  # pods seen Ready at least once (a death before that strikes its node)
+        self.nodes = NodeStrikes()
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
@@ -146,8 +150,11 @@ class PodPool:
     def _observe(self, name: str, pod: Obj | None) -> None:
         if pod is None:
             self.facts.pop(name, None)
+            self._ever_ready.discard(name)
         else:
-            self.facts[name] = PodFacts.of(pod)
+            self.facts[name] = f = PodFacts.of(pod)
+            if f.ready:
+                self._ever_ready.add(name)
 
     async def _call(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
         return await self._retried(lambda: self.api.request(method, path, **kwargs), what)
@@ -204,8 +211,9 @@ class PodPool:
             refs = self.owner.owner_references(self.cfg.namespace)
         else:
             own[L_STATE] = WARM
-        return pod_manifest(name, body, labels=own, annotations=ann, owner_refs=refs, namespace=self.cfg.namespace,
-                            template=self.opts.template)
+        manifest = pod_manifest(name, body, labels=own, annotations=ann, owner_refs=refs,
+                                namespace=self.cfg.namespace, template=self.opts.template)
+        return avoid_nodes(manifest, self.nodes.avoided(time.time()))
 
     def _claimable(self, shash: str, now: float) -> list[str]:
         idle = self.cfg.warm_max_idle_s - 5
@@ -370,11 +378,14 @@ class PodPool:
             self._creating -= 1
 
     async def _recycle(self, now: float) -> None:
-        doomed = [(name, f.rv) for name, f in self.facts.items()
+        doomed = [(name, f) for name, f in self.facts.items()
                   if f.state == WARM and not f.deleting and (now - f.start > self.cfg.warm_max_idle_s or f.dead)]
-        for name, rv in doomed[:16]:
-            if await self._delete(name, rv):
+        for name, f in doomed[:16]:
+            if await self._delete(name, f.rv):
                 self.counters["recycled"] += 1
+                if f.dead and name not in self._ever_ready:
+                    self.counters["died_unready"] += 1
+                    self.nodes.died_unready(f.node, now)
 
     # ------------------------------------------------------------------ release, state, sweep
 
