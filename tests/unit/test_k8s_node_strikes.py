@@ -87,6 +87,7 @@ async def test_a_node_that_ends_warm_pods_before_ready_gets_no_new_pods_for_a_wh
 
 def test_two_strikes_are_not_enough_and_strikes_count_per_node() -> None:
     strikes = NodeStrikes(strikes=3, avoid_s=60)
+    strikes.ready_on("c", 100.0)  # a node that works, to steer pods to
     for node in ("a", "a", "b", "b", None):
         strikes.died_unready(node, 100.0)
     assert strikes.avoided(100.0) == []
@@ -108,3 +109,60 @@ def test_the_exclusion_joins_every_term_of_the_users_own_node_affinity() -> None
     assert all(len(f["values"]) == 1 for t in terms for f in t["matchFields"])  # the API server's rule for fields
     assert "matchFields" not in own["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert avoid_nodes(manifest, []) is manifest
+
+
+async def test_when_every_node_that_worked_is_struck_none_is_avoided() -> None:
+    """Excluding every node would only make every new pod pend (a required affinity is fixed for the pod's life): the
+    small scale run has two hollow nodes. The avoidance only steers pods towards a node known to work."""
+    pool, api = _pool()
+    for node in ("node-a", "node-b"):
+        pool._observe(f"{node}-ok", _warm(pool, f"{node}-ok", node, ready=True, ended=False))
+    for node in ("node-a", "node-b"):
+        for i in range(3):
+            pool._observe(f"{node}-{i}", _warm(pool, f"{node}-{i}", node, ready=False, ended=True))
+        await pool._recycle(time.time())
+        for i in range(3):  # the watch's delete events
+            pool._observe(f"{node}-{i}", None)
+        if node == "node-a":  # node-b still works: node-a is avoided
+            assert _excluded(_new_warm(pool)) == [["node-a"]]
+    assert pool.counters["died_unready"] == 6
+    assert _excluded(_new_warm(pool)) == []
+    strikes = NodeStrikes(strikes=1, avoid_s=60)
+    strikes.died_unready("a", 100.0)
+    assert strikes.avoided(100.0) == []  # no node seen working yet: nothing to steer towards
+    strikes.ready_on("b", 100.0 - 601)
+    assert strikes.avoided(100.0) == []  # b worked, but too long ago to count
+    strikes.ready_on("b", 100.0)
+    assert strikes.avoided(100.0) == ["a"]
+
+
+async def test_a_warm_pod_still_unscheduled_when_its_avoidance_lapses_is_made_again() -> None:
+    """A pod made while a node was avoided keeps excluding it: if it still pends when the avoidance lapses (the nodes
+    it may use are full), it would hold the refill's max_pending budget until warm_max_idle_s. It is deleted, so the
+    refill makes it again without the exclusion; a pod that was scheduled meanwhile is left alone."""
+    pool, api = _pool()
+    pool._observe("ok", _warm(pool, "ok", "node-ok", ready=True, ended=False))
+    for i in range(3):
+        pool._observe(f"bad-{i}", _warm(pool, f"bad-{i}", "node-bad", ready=False, ended=True))
+    now = time.time()
+    await pool._recycle(now)
+    for i in range(3):  # the watch's delete events
+        pool._observe(f"bad-{i}", None)
+    made = {}
+    for key in ("pends", "placed"):
+        m = _new_warm(pool)
+        assert _excluded(m) == [["node-bad"]]
+        m["metadata"].update(resourceVersion="7", creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                   time.gmtime()))
+        m["status"] = {"phase": "Pending"}
+        made[key] = m["metadata"]["name"]
+        if key == "placed":
+            m["spec"]["nodeName"] = "node-ok"
+        pool._observe(made[key], m)
+    api.deleted.clear()
+    await pool._recycle(now + 1)
+    assert api.deleted == []  # still avoided: both pods are right as they are
+    pool.nodes._until["node-bad"] = now  # the avoidance lapsed
+    await pool._recycle(now + 2)
+    assert api.deleted == [made["pends"]]
+    assert pool.counters["avoidance_lapsed"] == 1 and pool.counters["died_unready"] == 3

@@ -9,8 +9,15 @@ warm pods for 15 minutes that way. Kubernetes itself keeps such a node schedulab
 So the pool counts, per node, its warm pods that died without ever being Ready (`NodeStrikes`). At `NODE_STRIKES`
 the node is avoided for `NODE_AVOID_S`: every pod the pool creates then (refill and cold starts) carries a required
 node affinity, `metadata.name NotIn [node]` for each avoided node, merged into every term the pod (or its template)
-already has. The avoidance expires on its own, so a node that recovers gets pods again, and a short list is never a
-cluster-wide outage: at worst new pods pend until it expires.
+already has. The avoidance expires on its own, so a node that recovers gets pods again.
+
+Two rules keep the avoidance from ever stalling the pool (a required affinity is fixed for the pod's life):
+- it only steers pods towards nodes known to work: while no node outside the avoided ones had a pod of the pool turn
+  Ready in the last `GOOD_FOR_S`, nothing is avoided (every node bad, or none seen yet: excluding them all would only
+  make every new pod pend);
+- a warm pod created while a node was avoided, still unscheduled when that avoidance lapsed (the nodes it may use
+  are full), is deleted (`lapsed`) so the refill makes it again without the exclusion, instead of it holding the
+  refill's `max_pending` budget until `warm_max_idle_s`.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ Obj = dict[str, Any]
 NODE_STRIKES = 3  # warm pods of one node dead before Ready that make the node avoided
 NODE_AVOID_S = 120.0  # how long new pods avoid it
 MAX_AVOIDED = 64  # at most this many nodes at once (the most recently struck): a pod spec stays small
+GOOD_FOR_S = 600.0  # a node where a pod turned Ready this recently is one that works
 
 
 class NodeStrikes:
@@ -35,6 +43,13 @@ class NodeStrikes:
         self.avoid_s = avoid_s
         self._count: dict[str, int] = {}
         self._until: dict[str, float] = {}
+        self._good: dict[str, float] = {}  # node -> when a pod of the pool last turned Ready there
+        self._pods: dict[str, tuple[frozenset[str], float]] = {}  # pod -> nodes it excludes, when made (unscheduled)
+
+    def ready_on(self, node: str | None, now: float) -> None:
+        """A pod of the pool turned Ready on `node`: the node works."""
+        if node:
+            self._good[node] = now
 
     def died_unready(self, node: str | None, now: float) -> None:
         if not node:  # never scheduled: no node to blame
@@ -52,7 +67,28 @@ class NodeStrikes:
     def avoided(self, now: float) -> list[str]:
         for node in [k for k, t in self._until.items() if t <= now]:
             del self._until[node]
+        if not self._until or not any(t > now - GOOD_FOR_S and node not in self._until
+                                      for node, t in self._good.items()):
+            return []  # no node known to work is left to steer pods to
         return sorted(sorted(self._until, key=self._until.__getitem__)[-MAX_AVOIDED:])
+
+    def avoid_for(self, pod: str, now: float) -> list[str]:
+        """The nodes a pod made now must exclude; remembered until it is scheduled (`placed`) or gone."""
+        nodes = self.avoided(now)
+        if nodes:
+            self._pods[pod] = (frozenset(nodes), now)
+        return nodes
+
+    def placed(self, pod: str) -> None:
+        """The pod is scheduled, or gone: its exclusion no longer matters."""
+        self._pods.pop(pod, None)
+
+    def lapsed(self, now: float) -> list[str]:
+        """Unscheduled pods that exclude a node no longer avoided (forgotten after 3 avoidances' time)."""
+        current = set(self.avoided(now))
+        for pod in [p for p, (_, t) in self._pods.items() if now - t > 3 * self.avoid_s]:
+            del self._pods[pod]
+        return [pod for pod, (nodes, _) in self._pods.items() if not nodes <= current]
 
 
 def avoid_nodes(manifest: Obj, nodes: list[str]) -> Obj:

@@ -151,10 +151,14 @@ class PodPool:
         if pod is None:
             self.facts.pop(name, None)
             self._ever_ready.discard(name)
+            self.nodes.placed(name)
         else:
             self.facts[name] = f = PodFacts.of(pod)
-            if f.ready:
+            if f.node:
+                self.nodes.placed(name)
+            if f.ready and name not in self._ever_ready:
                 self._ever_ready.add(name)
+                self.nodes.ready_on(f.node, time.time())
 
     async def _call(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
         return await self._retried(lambda: self.api.request(method, path, **kwargs), what)
@@ -213,7 +217,7 @@ class PodPool:
             own[L_STATE] = WARM
         manifest = pod_manifest(name, body, labels=own, annotations=ann, owner_refs=refs,
                                 namespace=self.cfg.namespace, template=self.opts.template)
-        return avoid_nodes(manifest, self.nodes.avoided(time.time()))
+        return avoid_nodes(manifest, self.nodes.avoid_for(name, time.time()))
 
     def _claimable(self, shash: str, now: float) -> list[str]:
         idle = self.cfg.warm_max_idle_s - 5
@@ -386,6 +390,10 @@ class PodPool:
                 if f.dead and name not in self._ever_ready:
                     self.counters["died_unready"] += 1
                     self.nodes.died_unready(f.node, now)
+        for name in self.nodes.lapsed(now):  # made avoiding a node no longer avoided, and still unscheduled
+            g = self.facts.get(name)
+            if g and g.state == WARM and g.node is None and not g.deleting and await self._delete(name, g.rv):
+                self.counters["avoidance_lapsed"] += 1
 
     # ------------------------------------------------------------------ release, state, sweep
 
