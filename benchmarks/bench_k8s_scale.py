@@ -31,11 +31,13 @@ trajectories in flight = S) it reports:
               rate limit; trajectories that got no sandbox, API requests per trajectory and per second (against the
               QPS budget), 429s, resourceVersion conflicts, event-loop lag p50/p99, the runner's RSS growth from
               holding the informer's S pods, kube-apiserver and etcd CPU (% of one core) and RSS
-  leaks       pods of the run left after close (must be 0) and how long until the namespace was empty
+  leaks       pods of the run never deleted after close (must be 0), and how long until all were gone (a deleted
+              pod waits for its kubelet; at most --gone-limit-s)
   orphans     a runner that claimed S pods is SIGKILLed; a new runner's start-up sweep deletes them: the sweep
               call's seconds and until the last pod is gone
 
-`--json FILE` writes every figure. Results and the load: BENCHMARKS.md.
+`--json FILE` writes every figure. Results and the load: BENCHMARKS.md. `--deadline-s S` ends a run that takes
+longer with a report of where every pod stands and why (k8s_scale_stall.py), and tears everything down as always.
 """
 
 from __future__ import annotations
@@ -60,12 +62,9 @@ from agentrl.testing.simulated import SimulatedEngine, SimulatedEnv, number_repl
 from agentrl.tools.render import ChatRenderer
 from agentrl.types import SamplingParams, TestOutcome, TestReport, ToolResult
 
-ROOT = Path(__file__).resolve().parent.parent
-CLUSTER = ROOT / "k8s" / "dev-cluster"
-K8S_DIR = Path(os.environ.get("AGENTRL_K8S_DIR", Path.home() / ".cache/agentrl/k8s"))
-NS = "agentrl-scale"
-PORT = 18765
-PODS_PER_NODE = 250
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from k8s_scale_fleet import K8S_DIR, NS, PODS_PER_NODE, PORT, Fleet, stall_report  # noqa: E402
+
 PROBE_PERIOD_S = 10  # --probe-s
 SPEC = SandboxSpec(image="agentrl/python:latest", cpus=0.01, memory="16m", disk="16m", ttl_s=3600)
 TEMPLATE = {"spec": {"nodeSelector": {"agentrl.io/hollow": "true"},
@@ -144,10 +143,6 @@ class ScaleEnv(SimulatedEnv):
         return TestReport(passed=int(right), total=1, outcomes=[TestOutcome(name="prints_number", passed=right)])
 
 
-def _run(cmd: list[str], **kw: Any) -> str:
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
-
-
 def proc_stats(pid: int) -> tuple[float, int]:
     """CPU seconds (user + system) and RSS bytes of a process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -173,6 +168,8 @@ def open_fds(pid: int | str = "self") -> int:
 
 
 FDS: dict[str, int] = {"runner": 0, "agent": 0}
+STAGE: dict[str, Any] = {"phase": "starting the fleet", "backend": None}  # for the stall report
+GONE_LIMIT = {"s": 600.0}  # --gone-limit-s
 QUEUE = {"max": 0}
 
 
@@ -192,54 +189,6 @@ async def watch_fds(agent_pid: int) -> None:
         await asyncio.sleep(0.5)
 
 
-class Fleet:
-    """The dev cluster, the hollow nodes and the simulated agent: started by `up`, stopped by `down`."""
-
-    def __init__(self, nodes: int, args: argparse.Namespace) -> None:
-        self.nodes = nodes
-        self.args = args
-        self.started_cluster = False
-        self.agent: subprocess.Popen[str] | None = None
-
-    def up(self) -> None:
-        t = time.perf_counter()
-        was_up = subprocess.run(["bash", "-c", f"kubectl --kubeconfig {K8S_DIR}/pki/admin.kubeconfig get --raw "
-                                 "/readyz"], capture_output=True).returncode == 0
-        kubeconfig = _run(["bash", str(CLUSTER / "up.sh")]).strip().splitlines()[-1]
-        self.started_cluster = not was_up
-        os.environ["KUBECONFIG"] = kubeconfig
-        os.environ["PATH"] = f"{os.environ['PATH']}:{K8S_DIR / 'bin'}"
-        for _ in range(120):  # a namespace a previous run deleted must be gone before it is made again
-            phase = subprocess.run(["kubectl", "get", "namespace", NS, "-o", "jsonpath={.status.phase}"],
-                                   capture_output=True, text=True).stdout
-            if phase != "Terminating":
-                break
-            time.sleep(2)
-        subprocess.run(["kubectl", "create", "namespace", NS], capture_output=True)
-        self.agent = subprocess.Popen(
-            [sys.executable, "-m", "agentrl.testing.sim_agent", "--port", str(PORT), "--agent-p50-ms",
-             str(self.args.agent_p50_ms), "--agent-p99-ms", str(self.args.agent_p99_ms), "--command-p50-s",
-             str(self.args.command_p50_s)], stdout=subprocess.PIPE, text=True)
-        assert self.agent.stdout is not None
-        if "listening" not in self.agent.stdout.readline():
-            raise SystemExit("the simulated agent did not start")
-        env = {**os.environ, "AGENTRL_HOLLOW_POD_IP": "127.0.0.1", "AGENTRL_HOLLOW_MAX_PODS": str(PODS_PER_NODE)}
-        subprocess.run(["bash", str(CLUSTER / "hollow-nodes.sh"), "up", str(self.nodes)], check=True, env=env)
-        print(f"fleet: cluster {'started' if self.started_cluster else 'reused'}, {self.nodes} hollow nodes of "
-              f"{PODS_PER_NODE} pods, simulated agent on 127.0.0.1:{PORT} ({time.perf_counter() - t:.0f} s)",
-              flush=True)
-
-    def down(self) -> None:
-        subprocess.run(["kubectl", "delete", "namespace", NS, "--wait=false"], capture_output=True)
-        subprocess.run(["bash", str(CLUSTER / "hollow-nodes.sh"), "down"])
-        if self.agent is not None:
-            self.agent.send_signal(signal.SIGTERM)
-            out, _ = self.agent.communicate(timeout=30)
-            print(f"simulated agent served: {out.strip().splitlines()[-1] if out.strip() else '?'}")
-        if self.started_cluster and not self.args.keep_cluster:
-            subprocess.run(["bash", str(CLUSTER / "down.sh")])
-
-
 # ---------------------------------------------------------------- measurements
 
 
@@ -252,19 +201,23 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-async def pods_left(b: KubernetesBackend, selector: str) -> int:
+async def pods_left(b: KubernetesBackend, selector: str) -> tuple[int, int]:
+    """Pods matching `selector`: all of them, and those nobody has deleted (no deletionTimestamp)."""
     assert b.api is not None
-    got = await b.api.list(f"/api/v1/namespaces/{NS}/pods", selector)
-    return len(got["items"])
+    got = (await b.api.list(f"/api/v1/namespaces/{NS}/pods", selector))["items"]
+    return len(got), sum(1 for p in got if not p["metadata"].get("deletionTimestamp"))
 
 
-async def until_gone(b: KubernetesBackend, selector: str, limit_s: float = 600) -> tuple[float, int]:
+async def until_gone(b: KubernetesBackend, selector: str) -> tuple[float, int, int]:
+    """Seconds until no pod matches `selector` (at most --gone-limit-s), then the pods left and those of them never
+    deleted. A pod deleted but not gone waits for its kubelet: kubemark's fake runtime answers some kills with "not
+    found" and the kubelet retries on its sync period, which can take minutes; that is the simulation's, not a leak."""
     t = time.perf_counter()
-    left = await pods_left(b, selector)
-    while left and time.perf_counter() - t < limit_s:
+    left, undeleted = await pods_left(b, selector)
+    while left and time.perf_counter() - t < GONE_LIMIT["s"]:
         await asyncio.sleep(1.0)
-        left = await pods_left(b, selector)
-    return time.perf_counter() - t, left
+        left, undeleted = await pods_left(b, selector)
+    return time.perf_counter() - t, left, undeleted
 
 
 def ready_warm(b: KubernetesBackend) -> int:
@@ -279,11 +232,13 @@ async def one_size(n: int, args: argparse.Namespace, tok: Any) -> dict[str, Any]
     procs = control_plane()
     rss0 = rss_bytes()
     b = backend(pool_name, args, warm=n)
+    STAGE.update(phase=f"[{n}] fill", backend=b)
     cp0 = {k: proc_stats(p) for k, p in procs.items()}
     t0 = time.perf_counter()
     await b.warm_up(SPEC)
     while ready_warm(b) < n:
         if time.perf_counter() - t0 > args.fill_timeout_s:
+            print(await asyncio.to_thread(stall_report, NS, K8S_DIR, b), flush=True)
             raise SystemExit(f"size {n}: only {ready_warm(b)} of {n} warm pods Ready after {args.fill_timeout_s}s")
         await asyncio.sleep(0.2)
     fill_s = time.perf_counter() - t0
@@ -310,6 +265,7 @@ async def one_size(n: int, args: argparse.Namespace, tok: Any) -> dict[str, Any]
     t1 = time.perf_counter()
     peak = 0
     queue = asyncio.create_task(watch_queue(b))
+    STAGE["phase"] = f"[{n}] run"
     async with SandboxPool(b, SPEC, max_sandboxes=n, start_timeout_s=900, max_starting=n) as pool:
         sched = Scheduler(rollout, pool, cfg)
         futs = [asyncio.ensure_future(sched.submit(task)) for task in env.tasks()]
@@ -376,14 +332,16 @@ async def one_size(n: int, args: argparse.Namespace, tok: Any) -> dict[str, Any]
           f"errors {errors}; conflicts {out['conflicts']}; loop lag p99 {out['loop_lag_p99_ms']:.1f} ms; runner CPU "
           f"{out['runner_cpu_pct']:.0f}%; API ms by verb {out['api_ms']}; claimed pod -> agent answers p50 "
           f"{out['agent_health_p50_ms']:.0f} ms p99 {out['agent_health_p99_ms']:.0f} ms", flush=True)
+    STAGE["phase"] = f"[{n}] leaks"
     await b.close()
-    out["leak_wait_s"], out["leaked"] = await until_gone_fresh(args, f"agentrl.io/pool={pool_name}")
-    print(f"[{n}] leaks: {out['leaked']} pods left ({out['leak_wait_s']:.1f} s until gone)", flush=True)
+    out["leak_wait_s"], out["left"], out["leaked"] = await until_gone_fresh(args, f"agentrl.io/pool={pool_name}")
+    print(f"[{n}] leaks: {out['leaked']} pods never deleted, {out['left']} not gone yet after "
+          f"{out['leak_wait_s']:.1f} s (the rest wait for their kubelet)", flush=True)
     out.update(await orphans(n, args))
     return out
 
 
-async def until_gone_fresh(args: argparse.Namespace, selector: str) -> tuple[float, int]:
+async def until_gone_fresh(args: argparse.Namespace, selector: str) -> tuple[float, int, int]:
     probe = backend("scale-probe", args)
     await probe.sweep(run_id="nothing-of-this-name")  # connects only
     try:
@@ -412,23 +370,27 @@ async def orphans(n: int, args: argparse.Namespace) -> dict[str, Any]:
                               "--burst", str(args.burst), "--max-pending", str(args.max_pending)],
                              stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
-    line = await asyncio.to_thread(child.stdout.readline)
-    if not line.startswith("held"):
-        raise SystemExit(f"the dead runner did not claim its pods (exit {child.poll()})")
+    STAGE["phase"] = f"[{n}] orphans: the runner that dies claims {n} pods"
+    try:
+        line = await asyncio.to_thread(child.stdout.readline)
+        if not line.startswith("held"):
+            raise SystemExit(f"the dead runner did not claim its pods (exit {child.poll()})")
+    finally:  # also on the deadline: the thread reading its output ends when it does
+        child.kill()
+        child.wait()
     hold_s = time.perf_counter() - t
-    child.kill()
-    child.wait()
     b = backend("scale-orphans", args)
+    STAGE.update(phase=f"[{n}] orphans: the new runner sweeps", backend=b)
     t0 = time.perf_counter()
     removed = await b.sweep()
     sweep_s = time.perf_counter() - t0
-    gone_s, left = await until_gone(b, "agentrl.io/pool=scale-orphans")
+    gone_s, left, undeleted = await until_gone(b, "agentrl.io/pool=scale-orphans")
     await b.close()
     print(f"[{n}] orphans: a dead runner's {n} claimed pods (cold-started in {hold_s:.0f} s); the new runner's sweep "
-          f"deleted {removed} in {sweep_s:.1f} s, all gone {sweep_s + gone_s:.1f} s after it started ({left} left)",
-          flush=True)
+          f"deleted {removed} in {sweep_s:.1f} s, all gone {sweep_s + gone_s:.1f} s after it started ({left} left, "
+          f"{undeleted} of them never deleted)", flush=True)
     return {"orphan_cold_start_s": hold_s, "swept": removed, "sweep_s": sweep_s, "orphans_gone_s": sweep_s + gone_s,
-            "orphans_left": left}
+            "orphans_left": left, "orphans_undeleted": undeleted}
 
 
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -441,17 +403,29 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     fleet = Fleet(args.nodes or nodes, args)
     results = []
     fds = None
+    me = asyncio.current_task()
+    assert me is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, me.cancel)  # stopped: still tear down (finally)
+    t0 = time.perf_counter()
     try:  # a failed start still stops what it started (the simulated agent, hollow nodes)
         fleet.up()
         assert fleet.agent is not None
         fds = asyncio.create_task(watch_fds(fleet.agent.pid))
-        for n in args.sizes:
-            FDS.update(runner=0, agent=0)
-            results.append(await one_size(n, args, tok))
-            results[-1]["max_fds"] = dict(FDS)
-            print(f"[{n}] most open file descriptors: {FDS}", flush=True)
-            if args.json:
-                args.json.write_text(json.dumps(results, indent=1))
+        left = args.deadline_s - (time.perf_counter() - t0) if args.deadline_s else None
+        try:
+            async with asyncio.timeout(left):
+                for n in args.sizes:
+                    FDS.update(runner=0, agent=0)
+                    results.append(await one_size(n, args, tok))
+                    results[-1]["max_fds"] = dict(FDS)
+                    print(f"[{n}] most open file descriptors: {FDS}", flush=True)
+                    if args.json:
+                        args.json.write_text(json.dumps(results, indent=1))
+        except TimeoutError:
+            print(f"deadline: {args.deadline_s:.0f} s passed during {STAGE['phase']}; where the pods stand:",
+                  flush=True)
+            print(await asyncio.to_thread(stall_report, NS, K8S_DIR, STAGE["backend"]), flush=True)
+            raise SystemExit(f"the run passed --deadline-s {args.deadline_s:.0f} during {STAGE['phase']}") from None
     finally:
         if fds is not None:
             fds.cancel()
@@ -493,16 +467,23 @@ if __name__ == "__main__":
     p.add_argument("--probe-claims", type=int, default=40, help="steady-state claims while the run is in flight")
     p.add_argument("--probe-every-s", type=float, default=1.0)
     p.add_argument("--fill-timeout-s", type=float, default=900)
+    p.add_argument("--gone-limit-s", type=float, default=600, help="how long to wait for deleted pods to be gone")
+    p.add_argument("--deadline-s", type=float, default=0, help="end the whole run after this long, with a report of "
+                   "where every pod stands (0: no deadline)")
     p.add_argument("--probe-s", type=int, default=PROBE_PERIOD_S, help="the pods' readiness probe period")
     p.add_argument("--keep-cluster", action="store_true", help="leave a cluster this run started running")
     p.add_argument("--json", type=Path)
     p.add_argument("--dead-runner", type=int, help=argparse.SUPPRESS)
     a = p.parse_args()
     PROBE_PERIOD_S = a.probe_s
+    GONE_LIMIT["s"] = a.gone_limit_s
     if a.dead_runner:
         dead_runner(a.dead_runner, a.qps, a.burst, a.max_pending)
         sys.exit(0)
-    res = asyncio.run(main(a))
+    try:
+        res = asyncio.run(main(a))
+    except asyncio.CancelledError:  # SIGTERM: main tore everything down
+        sys.exit("stopped (SIGTERM); the fleet was torn down")
     print(table(res))
     for r in res:
         print(json.dumps({k: v for k, v in r.items() if k in ("size", "api_calls", "http_errors", "statuses", "api_ms",

@@ -1,7 +1,7 @@
 """The scale harness, small (benchmarks/bench_k8s_scale.py at 96 pods, CI's version): hollow kubemark nodes on the
 dev cluster's real control plane, a simulated agent, and agentrl's own `pods` control plane and runner. What it must
-show at any size: every trajectory gets its sandbox, no pod is left after the run, a dead runner's claimed pods are
-all swept by the next one, and the client never drew a 429. The figures themselves are benchmarks (BENCHMARKS.md),
+show at any size: every trajectory gets its sandbox, every pod of the run is deleted after it, a dead runner's
+claimed pods are all swept by the next one, and the client never drew a 429. The figures themselves are benchmarks (BENCHMARKS.md),
 not asserted here."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ SIZE = 96
 
 
 @pytest.mark.k8s
+@pytest.mark.timeout(900)
 async def test_the_scale_harness_runs_a_small_fleet_through_the_real_control_plane(real_cluster: Any,
                                                                                   tmp_path: Path) -> None:
     admin = K8S_DIR / "pki" / "admin.kubeconfig"
@@ -29,16 +30,29 @@ async def test_the_scale_harness_runs_a_small_fleet_through_the_real_control_pla
         if os.environ.get("AGENTRL_REQUIRE_K8S") == "1" and os.environ.get("CI"):
             pytest.fail(problem)
         pytest.skip(problem)
-    out = tmp_path / "scale.json"
+    out, log = tmp_path / "scale.json", tmp_path / "scale.log"
+    # ~4 minutes when healthy; past --deadline-s the harness prints where every pod stands, then tears down. A deleted
+    # pod that kubemark's kubelet is slow to let go is waited for at most --gone-limit-s (it is not a leak)
     cmd = [sys.executable, "benchmarks/bench_k8s_scale.py", "--sizes", str(SIZE), "--max-pending", "100",
            "--turns", "2", "--command-p50-s", "0.2", "--probe-claims", "10", "--probe-every-s", "0.1",
-           "--json", str(out)]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, f"{' '.join(cmd)} failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+           "--gone-limit-s", "90", "--deadline-s", "600", "--json", str(out)]
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, text=True)
+        try:
+            rc = proc.wait(timeout=840)  # a backstop under the test's 900 s, so that the log below is still shown
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # the harness tears the fleet down on SIGTERM
+            try:
+                proc.wait(timeout=45)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            rc = None
+    text = log.read_text(errors="replace")
+    assert rc == 0, f"{' '.join(cmd)} {'hung' if rc is None else f'exited {rc}'}:\n{text[-6000:]}"
     r = json.loads(out.read_text())[0]
     assert r["trajectories"] == SIZE and r["statuses"].get("infra_error", 0) == 0, r["statuses"]
     assert r["claims"] + r["cold"] >= SIZE and r["claims"] >= SIZE // 2, (r["claims"], r["cold"])
-    assert r["leaked"] == 0, f"{r['leaked']} pods of the run left {r['leak_wait_s']:.0f} s after close"
-    assert r["swept"] == SIZE and r["orphans_left"] == 0, (r["swept"], r["orphans_left"])
+    assert r["leaked"] == 0, f"{r['leaked']} pods of the run never deleted {r['leak_wait_s']:.0f} s after close"
+    assert r["swept"] == SIZE and r["orphans_undeleted"] == 0, (r["swept"], r["orphans_undeleted"])
     assert r["http_errors"].get("429", 0) == 0, r["http_errors"]
     assert r["probe_claims"] + r["probe_cold"] >= 1
