@@ -295,14 +295,17 @@ async def one_size(n: int, args: argparse.Namespace, tok: Any) -> dict[str, Any]
     cp2 = {k: proc_stats(p) for k, p in procs.items()}
     trajs = [t for g in groups for t in g]
     statuses: dict[str, int] = {}
+    kinds: dict[str, int] = {}  # why the errors were errors (runner.attribution's error_kind)
     for t in trajs:
         statuses[t.status] = statuses.get(t.status, 0) + 1
+        if t.error_kind:
+            kinds[t.error_kind] = kinds.get(t.error_kind, 0) + 1
     calls = {k: v - calls0.get(k, 0) for k, v in b.api.calls.items() if v != calls0.get(k, 0)}
     errors = {k: v - status0.get(k, 0) for k, v in b.api.statuses.items() if v != status0.get(k, 0)}
     total = sum(calls.values())
     lags = lag.summary()
     out.update({
-        "run_s": run_s, "trajectories": len(trajs), "statuses": statuses,
+        "run_s": run_s, "trajectories": len(trajs), "statuses": statuses, "error_kinds": kinds,
         "claims": len(b.claims_s), "cold": len(b.cold_s), "peak_in_flight": peak, "burst_s": burst_s,
         "burst_claim_p50_ms": 1000 * pct(burst_claims, 0.5), "burst_claim_p99_ms": 1000 * pct(burst_claims, 0.99),
         "claim_p50_ms": 1000 * pct(probe_s, 0.5), "claim_p99_ms": 1000 * pct(probe_s, 0.99),
@@ -322,7 +325,8 @@ async def one_size(n: int, args: argparse.Namespace, tok: Any) -> dict[str, Any]
         "control_plane_run": {k: {"cpu_pct": 100 * (cp2[k][0] - cp1[k][0]) / run_s, "rss_mb": cp2[k][1] / 2**20}
                               for k in procs},
     })
-    print(f"[{n}] run: {len(trajs)} trajectories in {run_s:.1f} s, statuses {statuses}, peak {peak} in flight; "
+    print(f"[{n}] run: {len(trajs)} trajectories in {run_s:.1f} s, statuses {statuses} (errors by kind {kinds}), "
+          f"peak {peak} in flight; "
           f"burst: {n} claims in {burst_s:.1f} s, p50 {out['burst_claim_p50_ms']:.0f} ms p99 "
           f"{out['burst_claim_p99_ms']:.0f} ms ({len(b.cold_s)} cold); steady claims (>= "
           f"{out['probe_in_flight_min']} in flight, n={len(probe_s)} warm + {len(probe_cold)} cold): p50 "
@@ -486,5 +490,6 @@ if __name__ == "__main__":
         sys.exit("stopped (SIGTERM); the fleet was torn down")
     print(table(res))
     for r in res:
-        print(json.dumps({k: v for k, v in r.items() if k in ("size", "api_calls", "http_errors", "statuses", "api_ms",
+        print(json.dumps({k: v for k, v in r.items() if k in ("size", "api_calls", "http_errors", "statuses",
+                                                              "error_kinds", "api_ms",
                                                               "control_plane_fill", "control_plane_run")}))
