@@ -64,6 +64,7 @@ from agentrl.types import SamplingParams, TestOutcome, TestReport, ToolResult
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from k8s_scale_fleet import K8S_DIR, NS, PODS_PER_NODE, PORT, Fleet, stall_report  # noqa: E402
+from loop_stalls import StallSampler  # noqa: E402
 
 PROBE_PERIOD_S = 10  # --probe-s
 SPEC = SandboxSpec(image="agentrl/python:latest", cpus=0.01, memory="16m", disk="16m", ttl_s=3600)
@@ -257,6 +258,7 @@ async def one_size(n: int, args: argparse.Namespace, tok: Any) -> dict[str, Any]
                                       tool_timeout_s=60))
     cfg = SchedulerConfig(group_size=args.group_size, max_trajectories=n, infra_retries=3, max_unscored_frac=1.0)
     lag = await LoopLag(0.01).start()
+    sampler = await StallSampler(args.stall_sample_s).start() if args.stall_sample_s else None
     assert b.api is not None
     calls0, status0 = dict(b.api.calls), dict(b.api.statuses)
     b.api_s.clear()
@@ -292,6 +294,12 @@ async def one_size(n: int, args: argparse.Namespace, tok: Any) -> dict[str, Any]
     run_s = time.perf_counter() - t1
     runner_cpu = time.process_time() - cpu0
     await lag.stop()
+    if sampler is not None:
+        await sampler.stop()
+        print(f"[{n}] {sampler.report()}", flush=True)
+        out["loop_stalls"] = [{"s": st.ended - st.started, "loop_cpu_s": st.cpu_s,
+                               "top_stacks": [[list(k), c] for k, c in st.stacks.most_common(3)]}
+                              for st in sampler.stalls]
     cp2 = {k: proc_stats(p) for k, p in procs.items()}
     trajs = [t for g in groups for t in g]
     statuses: dict[str, int] = {}
@@ -471,6 +479,8 @@ if __name__ == "__main__":
     p.add_argument("--probe-claims", type=int, default=40, help="steady-state claims while the run is in flight")
     p.add_argument("--probe-every-s", type=float, default=1.0)
     p.add_argument("--fill-timeout-s", type=float, default=900)
+    p.add_argument("--stall-sample-s", type=float, default=0, help="sample the runner loop's stack while it "
+                   "stalls longer than this, and report where (benchmarks/loop_stalls.py; 0: off)")
     p.add_argument("--gone-limit-s", type=float, default=600, help="how long to wait for deleted pods to be gone")
     p.add_argument("--deadline-s", type=float, default=0, help="end the whole run after this long, with a report of "
                    "where every pod stands (0: no deadline)")
