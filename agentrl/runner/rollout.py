@@ -15,10 +15,10 @@ will follow it.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 
+from agentrl.deadline import Deadline
 from agentrl.engine.base import GenerationEngine
 from agentrl.envs.base import Env, Task
 from agentrl.errors import EngineError, InfraError
@@ -167,7 +167,7 @@ class Rollout:
         """One env.call_tool under `tool_timeout_s`. A call over it is the policy's: its processes are killed and
         the model is told; a tool that raised is shown to the model; only InfraError propagates."""
         t0 = time.perf_counter()
-        deadline = asyncio.timeout(self.budgets.tool_timeout_s)
+        deadline = Deadline(self.budgets.tool_timeout_s)  # the runner's own stalls are not the tool's time
         try:
             async with deadline:
                 result = await self.env.call_tool(sandbox, call, task=task)

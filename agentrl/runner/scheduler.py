@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from agentrl.deadline import Deadline
 from agentrl.envs.base import Submission, Task, lease_sandbox
 from agentrl.errors import ConfigError, SandboxDiedError
 from agentrl.reward import Scorer
@@ -348,7 +349,7 @@ class Scheduler:
         answers (then a missed deadline is the policy's), and what separates its agent from the commands."""
         cause = None
         try:
-            cause = await asyncio.wait_for(self.pool.death_cause(sandbox), DEATH_CAUSE_TIMEOUT_S)
+            cause = await _bounded(DEATH_CAUSE_TIMEOUT_S, self.pool.death_cause(sandbox))
         except Exception as err:  # noqa: BLE001 - unknown cause: decided on the other facts
             log.warning("sandbox %s: asking the backend why it died failed: %s", sandbox, err)
         # only a command runs the policy's code: a death during a file request or a health check is not its doing
@@ -440,7 +441,7 @@ def _resources_separated(sandbox: Any) -> bool:
 async def _answers(sandbox: Any) -> bool:
     """A health probe of a sandbox a stage found dead: True when its agent answers (never raises)."""
     try:
-        return bool(await asyncio.wait_for(sandbox.health(), DEATH_CAUSE_TIMEOUT_S))
+        return bool(await _bounded(DEATH_CAUSE_TIMEOUT_S, sandbox.health()))
     except Exception as err:  # noqa: BLE001 - no answer is no answer
         log.warning("sandbox %s: health probe after a failure: %s", sandbox, err)
         return False
@@ -461,9 +462,15 @@ class _StageDeadline(TimeoutError):
     """A stage's own deadline fired (not a timeout raised by something inside the stage)."""
 
 
+async def _bounded(seconds: float, awaitable: Awaitable[T]) -> T:
+    """`awaitable` under a Deadline (TimeoutError on expiry): used for the death-cause facts a verdict rests on."""
+    async with Deadline(seconds):
+        return await awaitable
+
+
 async def _within(seconds: float, awaitable: Awaitable[T], field_name: str) -> T:
     """Await `awaitable` under a deadline of its own; on expiry raise _StageDeadline naming the config field."""
-    cm = asyncio.timeout(seconds)
+    cm = Deadline(seconds)  # a stall of the runner's own loop is not counted against the stage
     try:
         async with cm:
             return await awaitable

@@ -7,7 +7,8 @@ Does not own: creating or destroying sandboxes (backends), leasing them (pool).
 
 Exceptions raised by `Sandbox` methods:
 
-    SandboxDiedError (agentrl.errors, infra)   connection refused/reset, socket gone, no answer within the deadline;
+    SandboxDiedError (agentrl.errors, infra)   connection refused/reset, socket gone, no answer within the deadline
+                                               (agentrl.deadline: a stall of the runner's own loop is not counted);
                                                `.in_flight` says whether a request had been sent when it broke
     SandboxError     (agentrl.errors, infra)   the agent answered 5xx, rejected our token or has no such route (an
                                                agent of another protocol version): a bug or misconfig
@@ -41,6 +42,7 @@ import socket
 import time
 from typing import Any
 
+from agentrl.deadline import Deadline
 from agentrl.errors import PolicyError, SandboxDiedError, SandboxError
 from agentrl.sandbox.agent.protocol import (
     EXEC,
@@ -192,7 +194,7 @@ class AgentClient:
         async with self._slots:
             conn = None
             try:
-                async with asyncio.timeout(timeout):
+                async with Deadline(timeout):  # a stall of our own loop is not the agent's lateness
                     conn = self._take_idle() or await self._connect()
                     status, raw = await conn.roundtrip(head, body)
             except TimeoutError:
@@ -224,7 +226,7 @@ class AgentClient:
 
     async def _connect(self) -> _Connection:
         ep = self.endpoint
-        async with asyncio.timeout(self._connect_timeout_s):
+        async with Deadline(self._connect_timeout_s):
             if ep.kind == "unix":
                 reader, writer = await asyncio.open_unix_connection(ep.address)
             else:

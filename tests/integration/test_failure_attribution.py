@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -409,3 +410,25 @@ async def test_a_missed_deadline_on_a_sandbox_that_still_answers_is_the_policys(
             task, group_id="g", sample_index=0)
     assert (traj.status, traj.error_kind) == (Status.policy_error, "sandbox_answers"), traj.error
     assert traj.attempt == 0 and traj.reward == 0.0
+
+
+async def test_a_stall_of_the_runners_own_loop_during_grading_is_not_charged_to_the_policy(
+        env: Any, task: Any, smollm2_tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner's event loop stalls for 5 s (CPU starvation, a long callback) while the right answer is being
+    graded under finalize_timeout_s=3: the grading finished in the sandbox meanwhile. With asyncio.timeout the late
+    deadline fired before its answers were read and the episode was a policy_error (finalize_timeout): the
+    runner's own stall charged to the policy. Now the deadline is extended by its timer's lateness and the answer
+    scores 1."""
+    graded = env.finalize
+
+    async def stalled_finalize(sandbox: Any, t: Any) -> Any:
+        asyncio.get_running_loop().call_later(0.02, time.sleep, 5.0)  # blocks the loop itself, as starvation does
+        return await graded(sandbox, t)
+
+    monkeypatch.setattr(env, "finalize", stalled_finalize)
+    engine = ScriptedEngine(smollm2_tokenizer, [_code(task.data["reference"])])
+    async with _pool() as pool:
+        traj = await _scheduler(env, engine, smollm2_tokenizer, pool, max_turns=1,
+                                finalize_timeout_s=3).run_one(task, group_id="g", sample_index=0)
+    assert traj.status not in (Status.infra_error, Status.policy_error), f"{traj.error_kind} {traj.error}"
+    assert traj.reward == 1.0 and traj.tests is not None and traj.tests.passed == traj.tests.total >= 1

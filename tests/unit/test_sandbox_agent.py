@@ -239,6 +239,35 @@ async def test_hung_agent_hits_client_deadline(tmp_path: Path) -> None:
         server.close()
 
 
+async def test_an_answer_that_arrived_while_the_runners_loop_stalled_is_read_not_judged_hung(sb: Sandbox) -> None:
+    """The agent answers at ~0.3 s; the runner's loop is blocked from 0.1 s to 2.1 s, past the 0.8 s deadline. The
+    answer sits in the socket when the late timer fires: it is read (with asyncio.timeout the request was judged
+    hung, SandboxDiedError in flight: a "missed deadline" charged to the policy for the runner's own stall)."""
+    assert await sb.health()  # connected: the request below only writes and waits
+    payload = {"cmd": "sleep 0.3; echo done", "timeout": 5, "output_limit": 4096}
+    asyncio.get_running_loop().call_later(0.1, time.sleep, 2.0)
+    status, obj = await sb.client.request("POST", protocol.EXEC, payload, timeout=0.8)
+    assert status == 200 and obj["stdout"] == "done\n"
+
+
+async def test_a_hung_agent_still_hits_its_deadline_after_a_stall_of_the_loop(tmp_path: Path) -> None:
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+
+    path = str(tmp_path / "hung.sock")
+    server = await asyncio.start_unix_server(never_answer, path)
+    client = AgentClient(AgentEndpoint(kind="unix", address=path))
+    try:
+        t0 = time.monotonic()
+        asyncio.get_running_loop().call_later(0.1, time.sleep, 1.0)
+        with pytest.raises(SandboxDiedError, match="did not answer") as info:
+            await client.request("POST", "/exec", {"cmd": "true"}, timeout=0.3)
+        assert info.value.in_flight is True and time.monotonic() - t0 < 5  # extended by the ~0.8 s stall, once
+    finally:
+        await client.close()
+        server.close()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
