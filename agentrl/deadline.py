@@ -42,7 +42,7 @@ class Deadline:
         await self._timeout.__aenter__()
         if self.seconds is not None:
             loop = asyncio.get_running_loop()
-            due = loop.time() + self.seconds
+            due = loop.time() + max(0.0, self.seconds)  # a budget already spent is due now, not overdue
             self._timer = loop.call_at(due, self._due, loop, due)
         return self
 

@@ -65,3 +65,12 @@ async def test_on_time_it_is_asyncio_timeout() -> None:
     async with Deadline(None) as free:
         await asyncio.sleep(0.01)
     assert not free.expired()
+
+
+async def test_a_budget_already_spent_expires_at_once_and_is_not_taken_for_a_stall() -> None:
+    cm = Deadline(-30.0)  # e.g. the grading's share of finalize_timeout_s, all used by collect()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        async with cm:
+            await asyncio.sleep(5)
+    assert cm.extended_s == 0.0 and time.monotonic() - t0 < 1.0
