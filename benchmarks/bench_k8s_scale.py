@@ -46,10 +46,12 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -304,16 +306,19 @@ async def one_size(n: int, args: argparse.Namespace, tok: Any) -> dict[str, Any]
     trajs = [t for g in groups for t in g]
     statuses: dict[str, int] = {}
     kinds: dict[str, int] = {}  # why the errors were errors (runner.attribution's error_kind)
+    messages: Counter[str] = Counter()  # and what they said (digits folded, so that one cause counts once)
     for t in trajs:
         statuses[t.status] = statuses.get(t.status, 0) + 1
         if t.error_kind:
             kinds[t.error_kind] = kinds.get(t.error_kind, 0) + 1
+            messages[f"{t.error_kind}: {re.sub(r'[0-9]+', 'N', (t.error or '').splitlines()[0][:300])}"] += 1
     calls = {k: v - calls0.get(k, 0) for k, v in b.api.calls.items() if v != calls0.get(k, 0)}
     errors = {k: v - status0.get(k, 0) for k, v in b.api.statuses.items() if v != status0.get(k, 0)}
     total = sum(calls.values())
     lags = lag.summary()
     out.update({
         "run_s": run_s, "trajectories": len(trajs), "statuses": statuses, "error_kinds": kinds,
+        "error_messages": messages.most_common(5),
         "claims": len(b.claims_s), "cold": len(b.cold_s), "peak_in_flight": peak, "burst_s": burst_s,
         "burst_claim_p50_ms": 1000 * pct(burst_claims, 0.5), "burst_claim_p99_ms": 1000 * pct(burst_claims, 0.99),
         "claim_p50_ms": 1000 * pct(probe_s, 0.5), "claim_p99_ms": 1000 * pct(probe_s, 0.99),
@@ -333,6 +338,8 @@ async def one_size(n: int, args: argparse.Namespace, tok: Any) -> dict[str, Any]
         "control_plane_run": {k: {"cpu_pct": 100 * (cp2[k][0] - cp1[k][0]) / run_s, "rss_mb": cp2[k][1] / 2**20}
                               for k in procs},
     })
+    for text, count in messages.most_common(5):
+        print(f"[{n}] error x{count}: {text}", flush=True)
     print(f"[{n}] run: {len(trajs)} trajectories in {run_s:.1f} s, statuses {statuses} (errors by kind {kinds}), "
           f"peak {peak} in flight; "
           f"burst: {n} claims in {burst_s:.1f} s, p50 {out['burst_claim_p50_ms']:.0f} ms p99 "

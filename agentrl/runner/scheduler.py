@@ -362,17 +362,23 @@ class Scheduler:
 
     async def _teardown(self, lease: Any, exc: BaseException | None) -> None:
         """Return the lease (within teardown_timeout_s). A cancellation that lands meanwhile waits for the return to
-        finish and is then raised: the sandbox and its pool slot are never left to garbage collection."""
+        finish and is then raised: the sandbox and its pool slot are never left to garbage collection. A return that
+        fails or runs past teardown_timeout_s is logged and never raised: the episode is over, and its verdict is
+        not the backend's deleting speed (`await shield(returning)` raised it, so at 2,000 pods, where a pod's
+        DELETE queued for ~90 s, 70% of the trajectories became policy_error finalize_failed: "TimeoutError")."""
         args = (type(exc), exc, exc.__traceback__) if exc is not None else (None, None, None)
         returning = asyncio.ensure_future(asyncio.wait_for(lease.__aexit__(*args), self.config.teardown_timeout_s))
         cancelled = False
         while not returning.done():
             try:
-                await asyncio.shield(returning)
+                await asyncio.wait([returning])  # returns when it is done, whatever its outcome
             except asyncio.CancelledError:
-                cancelled = cancelled or not returning.done()  # ours, not the return's own
+                cancelled = True  # ours: wait() does not raise the return's own cancellation
         if not returning.cancelled() and (err := returning.exception()) is not None and err is not exc:
-            log.warning("returning a sandbox lease failed (the pool destroys it on exit): %s", err)
+            late = isinstance(err, TimeoutError)
+            log.warning("returning a sandbox lease %s (the verdict stands; the pool goes on destroying it): %s",
+                        f"took over teardown_timeout_s={self.config.teardown_timeout_s:g}s" if late else "failed",
+                        f"{type(err).__name__}: {err}")
         if cancelled and exc is None:
             raise asyncio.CancelledError
 

@@ -34,7 +34,7 @@ class ProbedPool(SimulatedPool):
 
 
 def scheduler(tok: Any, pool: SimulatedPool, *, group_size: int = 1, seed: int | None = None,
-              timed: bool = True) -> Scheduler:
+              timed: bool = True, teardown_timeout_s: float = 60.0) -> Scheduler:
     """`timed=False`: the engine's prefill and decode take no wall time (each generate is one `sleep(0)`), so a
     trajectory's progress is counted in loop iterations alone, the same on a quiet machine as on a loaded one."""
     env = SimulatedEnv(tasks=4)
@@ -45,7 +45,8 @@ def scheduler(tok: Any, pool: SimulatedPool, *, group_size: int = 1, seed: int |
                       sampling=SamplingParams(temperature=1.0, max_new_tokens=32, seed=3),
                       budgets=Budgets(max_turns=3, max_completion_tokens=400, context_window=2048))
     return Scheduler(rollout, pool, SchedulerConfig(group_size=group_size, max_trajectories=MAX_TRAJECTORIES,
-                                                    infra_retries=0, max_unscored_frac=1.0, seed=seed))
+                                                    infra_retries=0, max_unscored_frac=1.0, seed=seed,
+                                                    teardown_timeout_s=teardown_timeout_s))
 
 
 def left_behind(sched: Scheduler, pool: SimulatedPool) -> dict[str, int]:
@@ -140,6 +141,50 @@ def test_a_cancellation_during_teardown_waits_for_the_lease_to_be_returned(smoll
             return left_behind(sched, pool)  # ... once the lease is back
 
     assert asyncio.run(main()) == NOTHING
+
+
+class TroubledReturn(SimulatedPool):
+    """Returning a lease first returns it to the simulated pool, then runs past teardown_timeout_s ("slow": a pod's
+    DELETE queued behind thousands of calls on a loaded API server) or fails ("fails": the API server refused)."""
+
+    def __init__(self, trouble: str, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.trouble = trouble
+
+    def lease(self) -> Any:
+        inner, trouble = super().lease(), self.trouble
+
+        class Lease:
+            async def __aenter__(self) -> Any:
+                return await inner.__aenter__()
+
+            async def __aexit__(self, *exc: Any) -> Any:
+                await inner.__aexit__(*exc)
+                if trouble == "slow":
+                    await asyncio.sleep(5)
+                raise RuntimeError("the API server refused the delete")
+
+        return Lease()
+
+
+@pytest.mark.parametrize("trouble", ["slow", "fails"])
+def test_a_lease_return_that_fails_or_runs_late_never_changes_the_verdict(smollm2_tokenizer: Any,
+                                                                          trouble: str) -> None:
+    """The episode is over when its lease is returned: the backend's deleting speed is not the policy's doing. The
+    old teardown re-raised the return's own error (TimeoutError past teardown_timeout_s, or the delete's), which
+    turned the trajectory into policy_error finalize_failed: 1,405 of 2,000 in a scale run whose DELETEs queued for
+    ~90 s."""
+    pool = TroubledReturn(trouble, exec_p50_s=0.001, max_sandboxes=2)
+    sched = scheduler(smollm2_tokenizer, pool, teardown_timeout_s=0.2)
+
+    async def main() -> tuple[Any, dict[str, int]]:
+        async with pool:
+            group = await sched.submit(sched.rollout.env.tasks()[0])
+            return group[0], left_behind(sched, pool)
+
+    traj, left = asyncio.run(main())
+    assert traj.status is Status.max_turns and traj.error_kind is None, (traj.status, traj.error_kind, traj.error)
+    assert traj.reward is not None and left == NOTHING
 
 
 def test_run_and_submit_share_one_fan_out_and_one_replica_numbering(smollm2_tokenizer: Any) -> None:
