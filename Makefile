@@ -8,7 +8,7 @@ STAMP := $(VENV)/.agentrl-installed
 DEMO_OUT ?= runs/demo
 DEMO_ARGS ?=
 
-.PHONY: venv system-demo system-test demo test test-docker test-vllm test-k8s test-chaos lint doctor clean
+.PHONY: venv system-demo system-test demo test test-docker test-vllm test-k8s test-k8s-scale test-chaos lint doctor clean
 
 venv: $(STAMP)
 
@@ -68,7 +68,14 @@ test-k8s: venv
 	k8s/dev-cluster/load-image.sh agentrl/python:latest && \
 	PYTHON=$(PY) sandbox_images/build-agentrl-image.sh --load && \
 	kubectl apply -k k8s/base >/dev/null && \
-	AGENTRL_REQUIRE_K8S=1 $(PY) -m pytest -q -m k8s tests/k8s $(PYTEST_ARGS)
+	AGENTRL_REQUIRE_K8S=1 $(PY) -m pytest -q -m "k8s and not k8s_scale" tests/k8s $(PYTEST_ARGS)
+
+# The scale harness small (96 pods on 2 kubemark hollow nodes, ~4 min) on the dev cluster. Not in CI: kubemark's fake
+# runtime sometimes ends every container of a hollow node as it starts, and with 2 nodes the fill then never completes
+# (the harness reports it: pods died before Ready, the pool's died_unready counter).
+test-k8s-scale: venv
+	export KUBECONFIG="$$(k8s/dev-cluster/up.sh | tail -1)" PATH="$$PATH:$${AGENTRL_K8S_DIR:-$$HOME/.cache/agentrl/k8s}/bin" && \
+	AGENTRL_REQUIRE_K8S=1 $(PY) -m pytest -q -m k8s_scale tests/k8s $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/lint-imports

@@ -1,8 +1,13 @@
-"""The scale harness, small (benchmarks/bench_k8s_scale.py at 96 pods, CI's version): hollow kubemark nodes on the
+"""The scale harness, small (benchmarks/bench_k8s_scale.py at 96 pods): hollow kubemark nodes on the
 dev cluster's real control plane, a simulated agent, and agentrl's own `pods` control plane and runner. What it must
 show at any size: every trajectory gets its sandbox, every pod of the run is deleted after it, a dead runner's
-claimed pods are all swept by the next one, and the client never drew a 429. The figures themselves are benchmarks (BENCHMARKS.md),
-not asserted here."""
+claimed pods are all swept by the next one, and the client never drew a 429. The figures themselves are benchmarks
+(BENCHMARKS.md), not asserted here.
+
+Run by `make test-k8s-scale`, not in CI's k8s tier: kubemark's fake runtime sometimes ends every container of a hollow
+node as it starts (seen on 2 of 10 nodes in a 2,000-pod run, and on both nodes of this test in one CI run: 2,657 warm
+pods died before Ready in 10 minutes), and with 2 nodes the fill then never completes. That is the simulator's
+fault, not the product's, and a CI gate must not depend on it; the harness's deadline report names it."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ SIZE = 96
 
 
 @pytest.mark.k8s
+@pytest.mark.k8s_scale  # `make test-k8s-scale`, not CI's k8s tier (the module docstring says why)
 @pytest.mark.timeout(900)
 async def test_the_scale_harness_runs_a_small_fleet_through_the_real_control_plane(real_cluster: Any,
                                                                                   tmp_path: Path) -> None:
