@@ -311,7 +311,7 @@ async def one_size(n: int, args: argparse.Namespace, tok: Any) -> dict[str, Any]
         statuses[t.status] = statuses.get(t.status, 0) + 1
         if t.error_kind:
             kinds[t.error_kind] = kinds.get(t.error_kind, 0) + 1
-            messages[f"{t.error_kind}: {re.sub(r'[0-9]+', 'N', (t.error or '').splitlines()[0][:300])}"] += 1
+            messages[f"{t.error_kind}: {re.sub(r'[0-9]+', 'N', (t.error or '').partition(chr(10))[0][:300])}"] += 1
     calls = {k: v - calls0.get(k, 0) for k, v in b.api.calls.items() if v != calls0.get(k, 0)}
     errors = {k: v - status0.get(k, 0) for k, v in b.api.statuses.items() if v != status0.get(k, 0)}
     total = sum(calls.values())
